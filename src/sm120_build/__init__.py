@@ -1,0 +1,1 @@
+"""Build SM120-enabled FlashInfer and sglang wheels from pinned, patched upstream sources."""

@@ -1,0 +1,20 @@
+"""Progress output: one line per step, with elapsed seconds for the long ones."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+def say(message: str) -> None:
+    print(f"sm120-build: {message}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def step(what: str) -> Iterator[None]:
+    say(f"{what} ...")
+    started = time.monotonic()
+    yield
+    say(f"{what}: done in {time.monotonic() - started:.1f} s")

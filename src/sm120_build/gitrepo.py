@@ -1,0 +1,57 @@
+"""A thin, reproducible wrapper around the git command line for the vendor trees.
+
+Commits get a fixed identity and date, and the user's git configuration is ignored, so the
+same sdist and patches give the same commit ids on every machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from .errors import UserError
+
+FIXED_DATE = "2000-01-01T00:00:00+0000"
+_IDENTITY = {
+    "GIT_AUTHOR_NAME": "sm120-build",
+    "GIT_AUTHOR_EMAIL": "sm120-build@localhost",
+    "GIT_AUTHOR_DATE": FIXED_DATE,
+    "GIT_COMMITTER_NAME": "sm120-build",
+    "GIT_COMMITTER_EMAIL": "sm120-build@localhost",
+    "GIT_COMMITTER_DATE": FIXED_DATE,
+}
+
+
+def git_environment(repo: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(_IDENTITY)
+    # Ignore ~/.gitconfig and /etc/gitconfig (autocrlf, hooks, signing would change commits),
+    # and never let git climb out of vendor/<name> into the project's own repository.
+    env["GIT_CONFIG_GLOBAL"] = os.devnull
+    env["GIT_CONFIG_NOSYSTEM"] = "1"
+    env["GIT_CEILING_DIRECTORIES"] = str(repo.resolve().parent)
+    return env
+
+
+def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        ["git", *args], cwd=repo, env=git_environment(repo), capture_output=True, text=True
+    )
+    if check and result.returncode != 0:
+        raise UserError(f"git {' '.join(args)} failed in {repo}:\n{result.stderr.strip()}")
+    return result
+
+
+def commit_message(repo: Path, commit: str) -> str:
+    """The message exactly as stored (git log would re-indent and re-wrap it)."""
+    raw = git(repo, "cat-file", "commit", commit).stdout
+    return raw.split("\n\n", 1)[1]
+
+
+def is_dirty(repo: Path) -> bool:
+    return bool(git(repo, "status", "--porcelain", "--untracked-files=all").stdout.strip())
+
+
+def head(repo: Path) -> str:
+    return git(repo, "rev-parse", "HEAD").stdout.strip()

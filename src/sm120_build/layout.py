@@ -1,0 +1,53 @@
+"""Where things live: the repository's own directories and the relocatable cache."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_ENV = "SM120_CACHE_DIR"
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+    cache: Path
+
+    @classmethod
+    def from_root(cls, root: Path) -> Layout:
+        cache = os.environ.get(CACHE_ENV)
+        return cls(root=root, cache=Path(cache).resolve() if cache else root / ".cache")
+
+    @property
+    def pins_file(self) -> Path:
+        return self.root / "pins.toml"
+
+    @property
+    def vendor(self) -> Path:
+        return self.root / "vendor"
+
+    @property
+    def patches(self) -> Path:
+        return self.root / "patches"
+
+    @property
+    def wheelhouse(self) -> Path:
+        return self.root / "wheelhouse"
+
+    @property
+    def kernel_project(self) -> Path:
+        return self.root / "kernel"
+
+    @property
+    def sdists(self) -> Path:
+        return self.cache / "sdists"
+
+
+def repo_root() -> Path:
+    """The checkout this package runs from: the nearest parent holding pins.toml."""
+    here = Path.cwd().resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / "pins.toml").is_file():
+            return candidate
+    raise FileNotFoundError("pins.toml not found: run this from the project checkout")

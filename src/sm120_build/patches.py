@@ -1,0 +1,124 @@
+"""The quilt-style patch series: patches/<name>/series plus NNNN-short-name.patch files.
+
+Each patch is a DEP-3 header followed by a unified diff with a/ and b/ prefixes, so
+`QUILT_PATCHES=patches/<name> quilt push -a` applies the same series that we apply with
+`git apply`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UserError
+
+# A diff starts at the first line that one of the diff formats quilt and git accept opens with.
+_DIFF_START = re.compile(r"^(diff --git |--- |Index: )", re.MULTILINE)
+_FIELD = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):[ \t]*(.*)$")
+
+# DEP-3 needs a description and an origin or author; this project also wants Forwarded,
+# so that every patch says whether upstream has seen it.
+REQUIRED_FIELDS = (("Description", "Subject"), ("Origin", "Author"), ("Forwarded",))
+
+
+@dataclass(frozen=True)
+class Patch:
+    path: Path
+    header: str
+    diff: str
+
+    @property
+    def fields(self) -> dict[str, str]:
+        return parse_dep3(self.header)
+
+    @property
+    def subject(self) -> str:
+        fields = self.fields
+        text = fields.get("Subject") or fields.get("Description", "")
+        return text.splitlines()[0] if text else self.path.stem
+
+
+def parse_dep3(header: str) -> dict[str, str]:
+    """Fields of a DEP-3 header; continuation lines are folded into the field above them."""
+    fields: dict[str, str] = {}
+    current: str | None = None
+    for line in header.splitlines():
+        match = _FIELD.match(line)
+        if match and not line[0].isspace():
+            current = match.group(1)
+            fields[current] = match.group(2)
+        elif current is not None and line[:1] in (" ", "\t"):
+            fields[current] += "\n" + line.strip()
+        elif line.strip() in ("", "---"):
+            current = None
+    return fields
+
+
+def dep3_problems(header: str) -> list[str]:
+    fields = parse_dep3(header)
+    return [
+        " or ".join(alternatives)
+        for alternatives in REQUIRED_FIELDS
+        if not any(fields.get(name, "").strip() for name in alternatives)
+    ]
+
+
+def split_patch(text: str) -> tuple[str, str]:
+    match = _DIFF_START.search(text)
+    if match is None:
+        return text, ""
+    return text[: match.start()], text[match.start() :]
+
+
+def read_patch(path: Path) -> Patch:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UserError(f"cannot read patch {path}: {exc.strerror}") from exc
+    header, diff = split_patch(text)
+    if not diff:
+        raise UserError(f"{path}: no diff found (expected 'diff --git', '---' or 'Index:')")
+    missing = dep3_problems(header)
+    if missing:
+        raise UserError(
+            f"{path}: DEP-3 header lacks {'; '.join(missing)}. "
+            "Add the fields at the top of the patch (see README, 'Adding a patch')."
+        )
+    return Patch(path=path, header=header, diff=diff)
+
+
+def series_names(series_dir: Path) -> list[str]:
+    """Patch file names listed in <series_dir>/series, in order."""
+    series = series_dir / "series"
+    if not series.is_file():
+        raise UserError(f"{series} does not exist; create it, one patch file name per line")
+    names = []
+    for number, raw in enumerate(series.read_text().splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, *options = line.split()
+        if options not in ([], ["-p1"]):
+            raise UserError(f"{series}:{number}: only '-p1' patches are supported, got {options}")
+        names.append(name)
+    return names
+
+
+def load_series(series_dir: Path) -> list[Patch]:
+    patches = []
+    for name in series_names(series_dir):
+        path = series_dir / name
+        if not path.is_file():
+            raise UserError(f"{series_dir / 'series'} names {name}, which does not exist")
+        patches.append(read_patch(path))
+    return patches
+
+
+def render_patch(header: str, diff: str) -> str:
+    return header.rstrip("\n") + "\n\n" + diff
+
+
+def patch_file_name(index: int, subject: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")[:50].rstrip("-")
+    return f"{index:04d}-{slug or 'change'}.patch"
