@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from . import fetch, pins, vendor
+from . import build, fetch, pins, pipeline, vendor
 from .console import say
 from .errors import UserError
 from .layout import Layout, repo_root
@@ -18,6 +19,11 @@ def _vendor(layout: Layout, args: argparse.Namespace) -> None:
         upstream = pinned.upstream(name)
         sdist = fetch.fetch_sdist(upstream, layout.sdists)
         vendor.vendor_upstream(upstream, sdist, layout.patches / name, layout.vendor / name)
+
+
+def _build_wheels(layout: Layout, args: argparse.Namespace) -> None:
+    archs = [build.Arch.parse(text) for text in args.arch or ["12.0a"]]
+    pipeline.build_wheels(layout, pins.load(layout.pins_file), archs, args.cuda_home)
 
 
 def _export_patches(layout: Layout, args: argparse.Namespace) -> None:
@@ -42,6 +48,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_argument("names", nargs="*", help="upstreams to export (default: all)")
     sub.set_defaults(run=_export_patches)
+
+    sub = commands.add_parser(
+        "build-wheels",
+        help="vendor, compile trtllm_comm ahead of time and write the wheels to wheelhouse/",
+    )
+    sub.add_argument(
+        "--arch",
+        action="append",
+        metavar="ARCH",
+        help="target as FLASHINFER_CUDA_ARCH_LIST spells it, e.g. 12.0a or 9.0a; "
+        "repeat for a fat binary (default: 12.0a)",
+    )
+    sub.add_argument(
+        "--cuda-home",
+        type=Path,
+        metavar="PATH",
+        help="use this system CUDA toolkit instead of the pinned pip toolkit",
+    )
+    sub.set_defaults(run=_build_wheels)
     return parser
 
 

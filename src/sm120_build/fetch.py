@@ -44,9 +44,17 @@ def fetch_sdist(upstream: Upstream, sdists: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix="download-", dir=sdists) as scratch:
         say(f"fetching {upstream.project}=={upstream.version} (sdist) through pip")
         command = [
-            sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-            "--no-binary", upstream.project, f"{upstream.project}=={upstream.version}",
-            "--dest", scratch,
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--no-binary",
+            upstream.project,
+            f"{upstream.project}=={upstream.version}",
+            "--dest",
+            scratch,
         ]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:

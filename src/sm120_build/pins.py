@@ -33,6 +33,7 @@ class Pins:
     upstreams: dict[str, Upstream]
     toolkit_requirement: str
     companions: dict[str, str]
+    build_requirements: list[str]
 
     def upstream(self, name: str) -> Upstream:
         try:
@@ -65,5 +66,9 @@ def load(path: Path) -> Pins:
         toolkit = data["toolkit"]["requirement"]
     except KeyError:
         raise UserError(f"{path}: [toolkit] requirement is missing") from None
-    return Pins(upstreams=upstreams, toolkit_requirement=toolkit,
-                companions=dict(data.get("companions", {})))
+    return Pins(
+        upstreams=upstreams,
+        toolkit_requirement=toolkit,
+        companions=dict(data.get("companions", {})),
+        build_requirements=list(data.get("build", {}).get("requirements", [])),
+    )

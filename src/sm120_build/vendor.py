@@ -123,8 +123,9 @@ def _failed_hunk(patch: Patch, stderr: str) -> str:
     """Name the file and hunk that `git apply` reported as failing."""
     match = re.search(r"patch failed: (.+):(\d+)", stderr)
     if match is None:
-        missing = re.search(r"error: (.+): (No such file or directory|does not exist in index)",
-                            stderr)
+        missing = re.search(
+            r"error: (.+): (No such file or directory|does not exist in index)", stderr
+        )
         return f"{missing.group(1)}: file not found" if missing else "unknown hunk"
     path, line = match.group(1), int(match.group(2))
     in_file = False
@@ -184,8 +185,10 @@ def vendor_upstream(upstream: Upstream, sdist: Path, series_dir: Path, tree: Pat
     key = inputs_key(upstream, patches)
     if tree.exists():
         if _check_untouched(tree, label).inputs == key:
-            say(f"{label} is current ({upstream.project} {upstream.version}, "
-                f"{len(patches)} patches)")
+            say(
+                f"{label} is current ({upstream.project} {upstream.version}, "
+                f"{len(patches)} patches)"
+            )
             return False
         say(f"{label} is stale; rebuilding it from the cached sdist")
         shutil.rmtree(tree)
@@ -194,9 +197,14 @@ def vendor_upstream(upstream: Upstream, sdist: Path, series_dir: Path, tree: Pat
     unpack_sdist(sdist, tree)
     git(tree, "init", "--quiet", "--initial-branch=main")
     git(tree, "add", "--all", "--force", ".")
-    git(tree, "commit", "--quiet", "-m",
+    git(
+        tree,
+        "commit",
+        "--quiet",
+        "-m",
         f"{upstream.project} {upstream.version}: pristine sdist\n\n"
-        f"sdist: {upstream.sdist}\nsha256: {upstream.sha256}\n")
+        f"sdist: {upstream.sdist}\nsha256: {upstream.sha256}\n",
+    )
     base = head(tree)
     write_state(tree, VendorState(inputs=None, base=base, head=base))
     for patch in patches:
@@ -224,8 +232,11 @@ def export_patches(upstream: Upstream, tree: Path, series_dir: Path) -> list[str
         raise UserError(f"{label} has uncommitted edits; commit them first, then export")
 
     old_names = series_names(series_dir) if (series_dir / "series").is_file() else []
-    by_subject = {read_patch(series_dir / name).subject: name for name in old_names
-                  if (series_dir / name).is_file()}
+    by_subject = {
+        read_patch(series_dir / name).subject: name
+        for name in old_names
+        if (series_dir / name).is_file()
+    }
     commits = git(tree, "rev-list", "--reverse", f"{state.base}..HEAD").stdout.split()
     rendered: dict[str, str] = {}
     for index, commit in enumerate(commits, start=1):
@@ -234,13 +245,22 @@ def export_patches(upstream: Upstream, tree: Path, series_dir: Path) -> list[str
         if missing:
             raise UserError(
                 f"{label} commit {commit[:12]}: its message is the patch header and lacks "
-                f"{'; '.join(missing)}. Reword it (git commit --amend / rebase -i) and export again."
+                f"{'; '.join(missing)}. Reword it (git commit --amend) and export again."
             )
         fields = parse_dep3(message)
         subject = (fields.get("Subject") or fields.get("Description", "")).splitlines()[0]
         name = by_subject.get(subject) or patch_file_name(index, subject)
-        diff = git(tree, "diff", "--no-color", "--no-ext-diff", "--no-renames",
-                   "--src-prefix=a/", "--dst-prefix=b/", f"{commit}^", commit).stdout
+        diff = git(
+            tree,
+            "diff",
+            "--no-color",
+            "--no-ext-diff",
+            "--no-renames",
+            "--src-prefix=a/",
+            "--dst-prefix=b/",
+            f"{commit}^",
+            commit,
+        ).stdout
         rendered[name] = render_patch(message, diff)
 
     series_dir.mkdir(parents=True, exist_ok=True)
@@ -251,6 +271,7 @@ def export_patches(upstream: Upstream, tree: Path, series_dir: Path) -> list[str
         (series_dir / name).unlink(missing_ok=True)
 
     patches = load_series(series_dir)
-    write_state(tree, VendorState(inputs=inputs_key(upstream, patches), base=state.base,
-                                  head=head(tree)))
+    write_state(
+        tree, VendorState(inputs=inputs_key(upstream, patches), base=state.base, head=head(tree))
+    )
     return list(rendered)

@@ -1,0 +1,65 @@
+"""Nox sessions for sm120-build. Each session is a thin call into the sm120_build package.
+
+    nox -s build_wheels                 the main job: wheels for sm_120a in wheelhouse/
+    nox -s tests                        the whole test suite (what .ci/run calls)
+    nox -l                              every session, with its help
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nox
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["build_wheels"]
+nox.options.reuse_existing_virtualenvs = True
+
+ROOT = Path(__file__).parent
+BUILD_REQUIREMENTS = tomllib.loads((ROOT / "pins.toml").read_text())["build"]["requirements"]
+
+
+def _install_tool(session: nox.Session, *extra: str) -> None:
+    session.install(".", *extra)
+
+
+@nox.session
+def vendor(session: nox.Session) -> None:
+    """Fetch, verify, unpack and patch both upstreams into vendor/<name>/."""
+    _install_tool(session)
+    session.run("sm120-build", "vendor", *session.posargs)
+
+
+@nox.session
+def export_patches(session: nox.Session) -> None:
+    """Regenerate patches/<name>/ from the commits in vendor/<name>/ (keeps headers)."""
+    _install_tool(session)
+    session.run("sm120-build", "export-patches", *session.posargs)
+
+
+@nox.session
+def build_wheels(session: nox.Session) -> None:
+    """Build the three wheels into wheelhouse/. Options: --arch 12.0a [--arch 9.0a] --cuda-home PATH."""
+    _install_tool(session, *BUILD_REQUIREMENTS)
+    session.run("sm120-build", "build-wheels", *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the test suite; pass pytest options after --, e.g. -- -m 'not slow'."""
+    _install_tool(session, *BUILD_REQUIREMENTS, "pytest")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")

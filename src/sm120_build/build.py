@@ -1,0 +1,189 @@
+"""Compile FlashInfer's trtllm_comm module ahead of time into the flashinfer-jit-cache wheel.
+
+scikit-build-core drives kernel/CMakeLists.txt with CMake and ninja. Everything the build
+depends on is passed in explicitly, and the flags nvcc really ran with are read back from
+CMake's compile_commands.json so the wheel can record them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .console import step
+from .errors import UserError
+from .toolkit import Toolkit
+
+# The translation units of FlashInfer's trtllm_comm JIT module (flashinfer/jit/comm.py).
+TRTLLM_COMM_SOURCES = (
+    "csrc/trtllm_allreduce.cu",
+    "csrc/trtllm_allreduce_fusion.cu",
+    "csrc/trtllm_moe_allreduce_fusion.cu",
+)
+_ARCH = re.compile(r"^(\d+)\.(\d)([af]?)$")
+
+
+@dataclass(frozen=True, order=True)
+class Arch:
+    """A target as FLASHINFER_CUDA_ARCH_LIST spells it, e.g. 12.0a."""
+
+    major: int
+    minor: int
+    suffix: str
+
+    @classmethod
+    def parse(cls, text: str) -> Arch:
+        match = _ARCH.match(text.strip())
+        if match is None:
+            raise UserError(
+                f"--arch {text!r}: expected MAJOR.MINOR with an optional a/f, e.g. 12.0a or 9.0a"
+            )
+        return cls(int(match.group(1)), int(match.group(2)), match.group(3))
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}{self.suffix}"
+
+    @property
+    def sm(self) -> str:
+        return f"sm_{self.major}{self.minor}{self.suffix}"
+
+    @property
+    def label(self) -> str:
+        return f"sm{self.major}{self.minor}{self.suffix}"
+
+    @property
+    def cmake(self) -> str:
+        # "-real": machine code only, no PTX, like FlashInfer's code=sm_XYa.
+        return f"{self.major}{self.minor}{self.suffix}-real"
+
+
+def check_archs(archs: list[Arch], toolkit: Toolkit) -> None:
+    """Refuse, before compiling, any arch this toolkit cannot build."""
+    for arch in archs:
+        if arch.major >= 12 and toolkit.version < (12, 8):
+            raise UserError(
+                f"{arch} needs CUDA 12.8 or newer; {toolkit.home} is CUDA "
+                f"{toolkit.full_version}. Use the default toolkit or a newer --cuda-home."
+            )
+        if f"sm_{arch.major}{arch.minor}" not in toolkit.gpu_codes:
+            buildable = " ".join(sorted(toolkit.gpu_codes, key=lambda c: int(c[3:])))
+            raise UserError(
+                f"CUDA {toolkit.full_version} at {toolkit.home} cannot build {arch} "
+                f"(it builds {buildable})."
+            )
+
+
+@dataclass(frozen=True)
+class KernelBuild:
+    wheel: Path
+    compile_commands: list[list[str]]  # nvcc argv per translation unit, paths symbolic
+
+
+def _tvm_ffi_include_dirs() -> list[str]:
+    try:
+        from tvm_ffi import libinfo
+    except ImportError:
+        raise UserError(
+            "apache-tvm-ffi is not installed in this environment; run the build through "
+            "`nox -s build_wheels`, which installs the pinned build requirements"
+        ) from None
+    return sorted({libinfo.find_include_path(), libinfo.find_dlpack_include_path()})
+
+
+def _symbolic(argv: list[str], replacements: dict[str, str]) -> list[str]:
+    """Replace machine-specific paths by names, longest first, so records are portable."""
+    ordered = sorted(replacements.items(), key=lambda item: -len(item[0]))
+    result = []
+    for arg in argv:
+        for path, name in ordered:
+            arg = arg.replace(path, name)
+        result.append(arg)
+    return result
+
+
+def build_jit_cache_wheel(
+    *,
+    flashinfer_tree: Path,
+    kernel_project: Path,
+    archs: list[Arch],
+    toolkit: Toolkit,
+    version: str,
+    build_dir: Path,
+    out_dir: Path,
+) -> KernelBuild:
+    """Build flashinfer-jit-cache `version` into out_dir; build_dir is wiped first."""
+    tvm_ffi_dirs = _tvm_ffi_include_dirs()
+    python_include = sysconfig.get_path("include")
+    if build_dir.exists():
+        shutil.rmtree(build_dir)
+    with tempfile.TemporaryDirectory(prefix="jit-cache-project-") as scratch:
+        project = Path(scratch) / "flashinfer-jit-cache"
+        shutil.copytree(
+            kernel_project, project, ignore=shutil.ignore_patterns("__pycache__", "_build_meta.py")
+        )
+        (project / "flashinfer_jit_cache" / "_build_meta.py").write_text(
+            f'__version__ = "{version}"\n'
+        )
+        defines = {
+            "FLASHINFER_SOURCE_DIR": str(flashinfer_tree),
+            "CMAKE_CUDA_ARCHITECTURES": ";".join(arch.cmake for arch in archs),
+            "CMAKE_CUDA_COMPILER": str(toolkit.nvcc),
+            "CUDAToolkit_ROOT": str(toolkit.home),
+            "TVM_FFI_INCLUDE_DIRS": ";".join(tvm_ffi_dirs),
+            "PYTHON_INCLUDE_DIR": python_include,
+            "CMAKE_EXPORT_COMPILE_COMMANDS": "ON",
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            "--verbose",
+            "--wheel-dir",
+            str(out_dir),
+            str(project),
+            "--config-settings",
+            f"build-dir={build_dir}",
+        ]
+        for name, value in defines.items():
+            command += ["--config-settings", f"cmake.define.{name}={value}"]
+        env = dict(os.environ, CUDA_HOME=str(toolkit.home), CUDACXX=str(toolkit.nvcc))
+        env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
+        with step(
+            f"compiling trtllm_comm for {', '.join(a.sm for a in archs)} "
+            f"with CUDA {toolkit.full_version} (minutes)"
+        ):
+            result = subprocess.run(command, env=env)
+        if result.returncode != 0:
+            raise UserError(
+                "the trtllm_comm build failed (its output is above). Nothing was added to "
+                "wheelhouse/."
+            )
+    wheels = sorted(out_dir.glob("flashinfer_jit_cache-*.whl"))
+    if len(wheels) != 1:
+        raise UserError(f"expected one flashinfer_jit_cache wheel in {out_dir}, found {wheels}")
+
+    entries = json.loads((build_dir / "compile_commands.json").read_text())
+    replacements = {
+        str(flashinfer_tree): "$FLASHINFER",
+        str(toolkit.home): "$CUDA_HOME",
+        python_include: "$PYTHON_INCLUDE",
+        str(build_dir): "$BUILD",
+        **{path: "$TVM_FFI" for path in tvm_ffi_dirs},
+    }
+    commands = [
+        _symbolic(shlex.split(entry["command"]), replacements)
+        for entry in sorted(entries, key=lambda entry: entry["file"])
+    ]
+    return KernelBuild(wheel=wheels[0], compile_commands=commands)

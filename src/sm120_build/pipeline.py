@@ -1,0 +1,225 @@
+"""The main job, `nox -s build_wheels`: pins -> fetch -> vendor -> compile -> wheels.
+
+Each built wheel is cached under a digest of everything that went into it, so a re-run
+with no change reuses all three, and a change to one upstream's patches rebuilds only
+that upstream's wheels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from . import build, fetch, toolkit, vendor, wheels
+from .console import say
+from .layout import Layout
+from .patches import load_series
+from .pins import Pins, Upstream
+
+PACKAGE_DIR = Path(__file__).parent
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _files_digest(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(paths):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _upstream_record(layout: Layout, upstream: Upstream) -> dict[str, object]:
+    return {
+        "upstream": {
+            "project": upstream.project,
+            "version": upstream.version,
+            "sdist": upstream.sdist,
+            "sha256": upstream.sha256,
+        },
+        "patches": [
+            {
+                "file": str(patch.path.relative_to(layout.root)),
+                "sha256": fetch.sha256_of(patch.path),
+            }
+            for patch in load_series(layout.patches / upstream.name)
+        ],
+    }
+
+
+def _cached(entry: Path) -> Path | None:
+    found = sorted(entry.glob("*.whl")) if entry.is_dir() else []
+    return found[0] if len(found) == 1 else None
+
+
+def _store(built: Path, entry: Path, extra: dict[str, str] | None = None) -> Path:
+    """Move a fresh wheel (and side files) into its cache entry in one rename."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".entry-", dir=entry.parent))
+    shutil.move(built, staging / built.name)
+    for name, text in (extra or {}).items():
+        (staging / name).write_text(text)
+    if entry.exists():
+        shutil.rmtree(entry)
+    staging.rename(entry)
+    return entry / built.name
+
+
+def vendor_all(layout: Layout, pins: Pins) -> None:
+    for name in sorted(pins.upstreams):
+        upstream = pins.upstream(name)
+        sdist = fetch.fetch_sdist(upstream, layout.sdists)
+        vendor.vendor_upstream(upstream, sdist, layout.patches / name, layout.vendor / name)
+
+
+def _vendor_label(layout: Layout, upstream: Upstream) -> str:
+    state = vendor.read_state(layout.vendor / upstream.name)
+    assert state is not None and state.inputs is not None, "vendor_all runs first"
+    # "p" keeps the segment from being all digits, which PEP 440 would renormalise.
+    return f"sm120.p{state.inputs[:8]}"
+
+
+def build_jit_cache(
+    layout: Layout,
+    pins: Pins,
+    archs: list[build.Arch],
+    cuda: toolkit.Toolkit,
+    toolkit_source: str,
+    final_dir: Path,
+) -> Path:
+    upstream = pins.upstream("flashinfer")
+    archs = sorted(set(archs))
+    version = (
+        f"{upstream.version}+{cuda.label}."
+        f"{'.'.join(arch.label for arch in archs)}.{_vendor_label(layout, upstream)[6:]}"
+    )
+    key = _digest(
+        "jit-cache",
+        version,
+        toolkit_source,
+        cuda.full_version,
+        pins.build_requirements,
+        _files_digest(
+            [
+                p
+                for p in layout.kernel_project.rglob("*")
+                if p.is_file() and "__pycache__" not in p.parts and p.name != "_build_meta.py"
+            ]
+        ),
+        _files_digest([PACKAGE_DIR / "build.py", PACKAGE_DIR / "toolkit.py"]),
+    )
+    entry = layout.cache / "artifacts" / "jit-cache" / key
+    wheel = _cached(entry)
+    if wheel is None:
+        with tempfile.TemporaryDirectory(dir=layout.cache) as scratch:
+            result = build.build_jit_cache_wheel(
+                flashinfer_tree=layout.vendor / "flashinfer",
+                kernel_project=layout.kernel_project,
+                archs=archs,
+                toolkit=cuda,
+                version=version,
+                build_dir=layout.cache / "kernel-build",
+                out_dir=Path(scratch),
+            )
+            wheel = _store(
+                result.wheel, entry, {"compile_commands.json": json.dumps(result.compile_commands)}
+            )
+    else:
+        say(f"trtllm_comm for {', '.join(str(a) for a in archs)}: reusing the cached build")
+    commands = json.loads((entry / "compile_commands.json").read_text())
+    with wheels.extracted_member(wheel, "trtllm_comm.so") as binary:
+        platform_tag = wheels.manylinux_tag(binary)
+    provenance = {
+        **_upstream_record(layout, upstream),
+        "toolkit": {"cuda": cuda.full_version, "source": toolkit_source},
+        "archs": [str(arch) for arch in archs],
+        "compile_commands": commands,
+    }
+    return wheels.finalize_wheel(wheel, final_dir, provenance, platform_tag)
+
+
+def _python_wheel(
+    layout: Layout,
+    pins: Pins,
+    upstream: Upstream,
+    env: dict[str, str],
+    final_dir: Path,
+    prepare: Callable[[Path], None] | None = None,
+) -> Path:
+    version = f"{upstream.version}+{_vendor_label(layout, upstream)}"
+    key = _digest(
+        upstream.name,
+        version,
+        pins.build_requirements,
+        _files_digest([PACKAGE_DIR / "pipeline.py", PACKAGE_DIR / "wheels.py"]),
+    )
+    entry = layout.cache / "artifacts" / upstream.name / key
+    wheel = _cached(entry)
+    if wheel is None:
+        with tempfile.TemporaryDirectory(dir=layout.cache) as scratch:
+            built = wheels.build_python_wheel(
+                layout.vendor / upstream.name, Path(scratch), env, prepare
+            )
+            wheel = _store(built, entry)
+    else:
+        say(f"{upstream.project} {version}: reusing the cached wheel")
+    provenance = {
+        **_upstream_record(layout, upstream),
+        "toolkit": None,  # pure Python: nothing compiled
+        "archs": [],
+        "compile_commands": [],
+    }
+    return wheels.finalize_wheel(wheel, final_dir, provenance)
+
+
+def build_flashinfer_python(layout: Layout, pins: Pins, final_dir: Path) -> Path:
+    upstream = pins.upstream("flashinfer")
+    version = f"{upstream.version}+{_vendor_label(layout, upstream)}"
+
+    def stamp_version(stage: Path) -> None:
+        # FlashInfer takes its version from flashinfer/_build_meta.py, and keeps an existing
+        # file when it is built outside a git repo: write ours, with the local label.
+        (stage / "flashinfer" / "_build_meta.py").write_text(
+            '"""Build metadata for flashinfer package."""\n'
+            f'__version__ = "{version}"\n'
+            f'__git_version__ = "{upstream.git_commit}"\n'
+        )
+
+    return _python_wheel(layout, pins, upstream, {}, final_dir, stamp_version)
+
+
+def build_sglang(layout: Layout, pins: Pins, final_dir: Path) -> Path:
+    upstream = pins.upstream("sglang")
+    version = f"{upstream.version}+{_vendor_label(layout, upstream)}"
+    # setuptools-scm would otherwise derive a version from whatever git repo encloses the tree.
+    env = {"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG": version}
+    return _python_wheel(layout, pins, upstream, env, final_dir)
+
+
+def build_wheels(
+    layout: Layout, pins: Pins, archs: list[build.Arch], cuda_home: Path | None
+) -> None:
+    vendor_all(layout, pins)
+    if cuda_home is None:
+        cuda = toolkit.pip_toolkit(pins.toolkit_requirement, layout.cache)
+        source = f"pip: {pins.toolkit_requirement}"
+    else:
+        cuda = toolkit.probe(cuda_home.resolve())
+        source = f"system: {cuda_home.resolve()}"
+    build.check_archs(archs, cuda)  # before anything compiles
+    layout.cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="final-", dir=layout.cache) as scratch:
+        final_dir = Path(scratch)
+        built = [
+            build_jit_cache(layout, pins, archs, cuda, source, final_dir),
+            build_flashinfer_python(layout, pins, final_dir),
+            build_sglang(layout, pins, final_dir),
+        ]
+        wheels.assemble_wheelhouse(built, layout.wheelhouse)
+    for wheel in built:
+        say(f"wheelhouse/{wheel.name}")

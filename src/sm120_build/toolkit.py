@@ -1,0 +1,117 @@
+"""The CUDA toolkit a build compiles with: NVIDIA's pip packages (default) or a system one.
+
+The pip packages install under nvidia/cu13/ with lib/ instead of lib64/. nvcc finds its
+own files relative to the physical directory it runs from, so the CUDA_HOME we hand to
+CMake is a small shim: a real bin/ and lib64/ holding per-file links into the install.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .console import step
+from .errors import UserError
+
+
+@dataclass(frozen=True)
+class Toolkit:
+    home: Path
+    version: tuple[int, int]  # release major.minor, from nvcc --version
+    full_version: str  # e.g. "13.0.88"
+    gpu_codes: frozenset[str]  # sm_XY values nvcc can emit, without the a/f suffix
+
+    @property
+    def nvcc(self) -> Path:
+        return self.home / "bin" / "nvcc"
+
+    @property
+    def label(self) -> str:
+        return f"cu{self.version[0]}{self.version[1]}"
+
+
+def probe(home: Path) -> Toolkit:
+    nvcc = home / "bin" / "nvcc"
+    if not nvcc.is_file():
+        raise UserError(f"{nvcc} does not exist; --cuda-home must name a CUDA toolkit root")
+    version_text = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    match = re.search(r"release (\d+)\.(\d+), V([\d.]+)", version_text)
+    if match is None:
+        raise UserError(f"cannot read the CUDA version from `{nvcc} --version`")
+    codes = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True).stdout
+    return Toolkit(
+        home=home,
+        version=(int(match.group(1)), int(match.group(2))),
+        full_version=match.group(3),
+        gpu_codes=frozenset(codes.split()),
+    )
+
+
+def _link(link: Path, target: Path) -> None:
+    # Relative links keep the cache relocatable.
+    link.symlink_to(os.path.relpath(target, link.parent))
+
+
+def _link_each(source: Path, target: Path) -> None:
+    target.mkdir(parents=True)
+    for entry in sorted(source.iterdir()):
+        _link(target / entry.name, entry)
+
+
+def _make_shim(cuda_root: Path, shim: Path) -> None:
+    _link_each(cuda_root / "bin", shim / "bin")
+    _link_each(cuda_root / "lib", shim / "lib64")
+    (shim / "lib64" / "libcudart.so").symlink_to("libcudart.so." + _cudart_major(cuda_root))
+    for name in ("include", "nvvm"):
+        _link(shim / name, cuda_root / name)
+
+
+def _cudart_major(cuda_root: Path) -> str:
+    found = sorted(cuda_root.glob("lib/libcudart.so.*"))
+    if not found:
+        raise UserError(f"no libcudart.so.* under {cuda_root / 'lib'}")
+    return found[0].name.removeprefix("libcudart.so.")
+
+
+def pip_toolkit(requirement: str, cache: Path) -> Toolkit:
+    """Install `requirement` into the cache once, and return its shimmed CUDA_HOME."""
+    key = hashlib.sha256(requirement.encode()).hexdigest()[:16]
+    root = cache / "toolkits" / key
+    if not (root / "home" / "bin" / "nvcc").exists():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        with (
+            step(f"installing {requirement} into {root} (about 270 MB, once)"),
+            tempfile.TemporaryDirectory(dir=root.parent) as scratch,
+        ):
+            site = Path(scratch) / "site"
+            result = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--target",
+                    str(site),
+                    requirement,
+                ],
+                capture_output=True,
+                text=True,
+            )
+            if result.returncode != 0:
+                raise UserError(f"pip could not install {requirement}:\n{result.stderr.strip()}")
+            cuda_roots = sorted(site.glob("nvidia/cu*"))
+            if len(cuda_roots) != 1:
+                raise UserError(f"{requirement} installed no single nvidia/cu*/ tree")
+            _make_shim(cuda_roots[0], Path(scratch) / "home")
+            if root.exists():
+                shutil.rmtree(root)
+            Path(scratch).rename(root)
+    return probe(root / "home")
