@@ -1,8 +1,8 @@
 """Nox sessions for sm120-build. Each session is a thin call into the sm120_build package.
 
-    nox -s build_wheels                 the main job: wheels for sm_120a in wheelhouse/
-    nox -s tests                        the whole test suite (what .ci/run calls)
-    nox -l                              every session, with its help
+nox -s build_wheels                 the main job: wheels for sm_120a in wheelhouse/
+nox -s tests                        the whole test suite (what .ci/run calls)
+nox -l                              every session, with its help
 """
 
 from __future__ import annotations
@@ -45,9 +45,31 @@ def export_patches(session: nox.Session) -> None:
 
 @nox.session
 def build_wheels(session: nox.Session) -> None:
-    """Build the three wheels into wheelhouse/. Options: --arch 12.0a [--arch 9.0a] --cuda-home PATH."""
+    """Build the three wheels into wheelhouse/. Options: --arch 12.0a [--arch 9.0a], --cuda-home."""
     _install_tool(session, *BUILD_REQUIREMENTS)
     session.run("sm120-build", "build-wheels", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def verify_gpu(session: nox.Session) -> None:
+    """Check wheelhouse/'s trtllm_comm on every local GPU; two ranks share a single GPU.
+
+    Runs in the Python environment nox itself runs from, which must hold torch (the one that
+    serves sglang: `python -m nox -s verify_gpu`). It installs wheelhouse/'s two FlashInfer
+    wheels there without dependencies, then checks them with FLASHINFER_DISABLE_JIT=1.
+    Options after --: --world-size N, --json FILE.
+    """
+    wheels = sorted(str(p) for p in (ROOT / "wheelhouse").glob("flashinfer_*.whl"))
+    if len(wheels) != 2:
+        session.error("wheelhouse/ lacks the FlashInfer wheels: run `nox -s build_wheels` first")
+    session.run(sys.executable, "-m", "pip", "install", "--no-deps", *wheels)
+    session.run(
+        sys.executable,
+        "-m",
+        "sm120_build.verify",
+        *session.posargs,
+        env={"FLASHINFER_DISABLE_JIT": "1", "PYTHONPATH": str(ROOT / "src")},
+    )
 
 
 @nox.session
