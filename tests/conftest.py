@@ -1,0 +1,93 @@
+"""Shared fixtures: small generated sdists and patch series, and the real project layout."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import shutil
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sm120_build.pins import Upstream
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_tarball(path: Path, members: dict[str, str], top: str = "demo-1.0") -> Path:
+    """A gzipped tarball whose files live under one top-level directory."""
+    with tarfile.open(path, "w:gz") as archive:
+        for name, text in sorted(members.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(f"{top}/{name}" if top else name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return path
+
+
+def fixture_upstream(sdist: Path, name: str = "demo") -> Upstream:
+    return Upstream(
+        name=name,
+        project="demo",
+        version="1.0",
+        sdist=sdist.name,
+        sha256=hashlib.sha256(sdist.read_bytes()).hexdigest(),
+        git_url="",
+        git_tag="",
+        git_commit="",
+    )
+
+
+HEADER = (
+    "Description: {subject}\n Why this change exists.\nAuthor: test suite\nForwarded: not-needed\n"
+)
+
+
+def make_patch(path: Path, file: str, lines: list[str], index: int, new: str, subject: str) -> Path:
+    """A one-hunk patch that replaces lines[index] by `new`, with three lines of context."""
+    start, end = max(0, index - 3), min(len(lines), index + 4)
+    body = [(" " if n != index else "-") + lines[n] for n in range(start, end)]
+    body.insert(index - start + 1, "+" + new)
+    count = end - start
+    path.write_text(
+        HEADER.format(subject=subject) + "\n"
+        f"diff --git a/{file} b/{file}\n--- a/{file}\n+++ b/{file}\n"
+        f"@@ -{start + 1},{count} +{start + 1},{count} @@\n" + "\n".join(body) + "\n"
+    )
+    return path
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Callable[..., tuple[Upstream, Path, Path]]:
+    """An sdist with one file, plus an empty series directory: (upstream, sdist, series)."""
+
+    def create(lines: list[str] | None = None) -> tuple[Upstream, Path, Path]:
+        text = "\n".join(lines or ["alpha", "beta", "gamma"]) + "\n"
+        sdist = make_tarball(tmp_path / "demo-1.0.tar.gz", {"src/code.txt": text})
+        series = tmp_path / "patches" / "demo"
+        series.mkdir(parents=True)
+        (series / "series").write_text("")
+        return fixture_upstream(sdist), sdist, series
+
+    return create
+
+
+def write_series(series: Path, *patches: Path) -> None:
+    (series / "series").write_text("".join(f"{p.name}\n" for p in patches))
+
+
+@pytest.fixture
+def project_copy(tmp_path: Path) -> Path:
+    """A scratch project root with this repo's pins, patches and kernel project."""
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy(REPO / "pins.toml", root)
+    shutil.copytree(REPO / "patches", root / "patches")
+    shutil.copytree(
+        REPO / "kernel",
+        root / "kernel",
+        ignore=shutil.ignore_patterns("__pycache__", "_build_meta.py"),
+    )
+    return root
