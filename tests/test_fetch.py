@@ -77,5 +77,5 @@ def test_corrupt_cache_entry_is_fetched_again(local_index: Path, tmp_path: Path)
 
 def test_unknown_project_is_a_clear_error(local_index: Path, tmp_path: Path) -> None:
     upstream = replace(fixture_upstream(local_index / "demo-1.0.tar.gz"), project="nope")
-    with pytest.raises(UserError, match="pip could not download nope==1.0"):
+    with pytest.raises(UserError, match=r"pip could not download nope==1.0"):
         fetch_sdist(upstream, tmp_path / "cache")

@@ -29,13 +29,13 @@ def test_continuation_lines_fold_into_their_field() -> None:
 
 def test_series_naming_a_missing_file_is_rejected(tmp_path: Path) -> None:
     (tmp_path / "series").write_text("# comment\n\n0001-gone.patch\n")
-    with pytest.raises(UserError, match="names 0001-gone.patch, which does not exist"):
+    with pytest.raises(UserError, match=r"names 0001-gone.patch, which does not exist"):
         load_series(tmp_path)
 
 
 def test_series_options_other_than_p1_are_rejected(tmp_path: Path) -> None:
     (tmp_path / "series").write_text("0001-a.patch -p0\n")
-    with pytest.raises(UserError, match="only '-p1'"):
+    with pytest.raises(UserError, match=r"only '-p1'"):
         series_names(tmp_path)
 
 

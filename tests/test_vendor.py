@@ -77,7 +77,7 @@ def test_local_edits_are_never_destroyed(two_patches) -> None:
     make_patch(
         series / "0002-second.patch", "src/code.txt", LINES, 14, "changed", "second change"
     )  # stale inputs would normally rebuild
-    with pytest.raises(UserError, match="uncommitted edits.*export_patches"):
+    with pytest.raises(UserError, match=r"uncommitted edits.*export_patches"):
         vendor_upstream(upstream, sdist, series, tree)
     assert (tree / "src/code.txt").read_text() == "my work\n"
 
@@ -88,7 +88,7 @@ def test_unexported_commits_are_never_destroyed(two_patches) -> None:
     (tree / "new.txt").write_text("x\n")
     git(tree, "add", "new.txt")
     git(tree, "commit", "-qm", "Description: add\nAuthor: me\nForwarded: no\n")
-    with pytest.raises(UserError, match="commits that are not in patches"):
+    with pytest.raises(UserError, match=r"commits that are not in patches"):
         vendor_upstream(upstream, sdist, series, tree)
     assert (tree / "new.txt").exists()
 
@@ -123,7 +123,7 @@ def test_already_applied_patch_is_reported_as_such(demo) -> None:
     )
     write_series(series, patch)
     tree = series.parent.parent / "vendor" / "demo"
-    with pytest.raises(PatchAlreadyApplied, match="already applied"):
+    with pytest.raises(PatchAlreadyApplied, match=r"already applied"):
         vendor_upstream(upstream, sdist, series, tree)
 
 
@@ -131,7 +131,7 @@ def test_series_naming_a_missing_file_touches_nothing(demo) -> None:
     upstream, sdist, series = demo()
     (series / "series").write_text("0001-missing.patch\n")
     tree = series.parent.parent / "vendor" / "demo"
-    with pytest.raises(UserError, match="0001-missing.patch"):
+    with pytest.raises(UserError, match=r"0001-missing.patch"):
         vendor_upstream(upstream, sdist, series, tree)
     assert not tree.exists()
 
@@ -163,7 +163,7 @@ def test_export_refuses_a_commit_without_a_dep3_header(two_patches) -> None:
     (tree / "x").write_text("x\n")
     git(tree, "add", "x")
     git(tree, "commit", "-qm", "just a message")
-    with pytest.raises(UserError, match="Description or Subject"):
+    with pytest.raises(UserError, match=r"Description or Subject"):
         export_patches(upstream, tree, series)
 
 
@@ -192,6 +192,6 @@ def test_links_pointing_outside_are_refused(tmp_path: Path) -> None:
         link.type = tarfile.SYMTYPE
         link.linkname = "../../outside"
         archive.addfile(link)
-    with pytest.raises(UserError, match="points outside the tree"):
+    with pytest.raises(UserError, match=r"points outside the tree"):
         unpack_sdist(tarball, tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -53,7 +53,7 @@ def test_log_is_pristine_base_then_one_commit_per_patch(root: Path, name: str) -
     patches = load_series(root / "patches" / name)
     assert len(commits) == 1 + len(patches)
     assert "pristine sdist" in git(tree, "log", "-1", "--format=%B", commits[0]).stdout
-    for commit, patch in zip(commits[1:], patches):
+    for commit, patch in zip(commits[1:], patches, strict=True):
         message = git(tree, "cat-file", "commit", commit).stdout.split("\n\n", 1)[1]
         assert message == patch.header.rstrip("\n") + "\n"
 
