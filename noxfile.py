@@ -7,6 +7,7 @@ nox -l                              every session, with its help
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,10 +23,17 @@ nox.options.sessions = ["build_wheels"]
 nox.options.reuse_existing_virtualenvs = True
 
 ROOT = Path(__file__).parent
-BUILD_REQUIREMENTS = tomllib.loads((ROOT / "pins.toml").read_text())["build"]["requirements"]
+PINS = tomllib.loads((ROOT / "pins.toml").read_text())
+BUILD_REQUIREMENTS = PINS["build"]["requirements"]
+TEST_REQUIREMENTS = PINS["test"]["requirements"]
+# One relocatable cache for everything large: sdists, the CUDA toolkit, built wheels, and
+# pip's own downloads (torch, flashinfer-cubin) made by any session.
+CACHE = Path(os.environ.get("SM120_CACHE_DIR", ROOT / ".cache")).resolve()
 
 
 def _install_tool(session: nox.Session, *extra: str) -> None:
+    session.env["SM120_CACHE_DIR"] = str(CACHE)
+    session.env["PIP_CACHE_DIR"] = str(CACHE / "pip")
     session.install(".", *extra)
 
 
@@ -75,7 +83,7 @@ def verify_gpu(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite; pass pytest options after --, e.g. -- -m 'not slow'."""
-    _install_tool(session, *BUILD_REQUIREMENTS, "pytest")
+    _install_tool(session, *BUILD_REQUIREMENTS, *TEST_REQUIREMENTS, "pytest")
     session.run("pytest", *session.posargs)
 
 
