@@ -58,6 +58,13 @@ def build_wheels(session: nox.Session) -> None:
     session.run("sm120-build", "build-wheels", *session.posargs)
 
 
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmark: cold build time by stage, no-op rebuild time, wheel sizes (not a test)."""
+    _install_tool(session, *BUILD_REQUIREMENTS)
+    session.run("python", "-m", "sm120_build.bench", *session.posargs)
+
+
 @nox.session(venv_backend="none")
 def verify_gpu(session: nox.Session) -> None:
     """Check wheelhouse/'s trtllm_comm on every local GPU; two ranks share a single GPU.

@@ -11,6 +11,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -203,8 +204,19 @@ def build_sglang(layout: Layout, pins: Pins, final_dir: Path) -> Path:
 
 def build_wheels(
     layout: Layout, pins: Pins, archs: list[build.Arch], cuda_home: Path | None
-) -> None:
+) -> dict[str, float]:
+    """Run the main job; return the seconds each stage took (for `nox -s bench`)."""
+    seconds: dict[str, float] = {}
+    clock = time.monotonic()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.monotonic()
+        seconds[stage] = now - clock
+        clock = now
+
     vendor_all(layout, pins)
+    lap("fetch + vendor")
     if cuda_home is None:
         cuda = toolkit.pip_toolkit(pins.toolkit_requirement, layout.cache)
         source = f"pip: {pins.toolkit_requirement}"
@@ -212,14 +224,18 @@ def build_wheels(
         cuda = toolkit.probe(cuda_home.resolve())
         source = f"system: {cuda_home.resolve()}"
     build.check_archs(archs, cuda)  # before anything compiles
+    lap("toolkit")
     layout.cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="final-", dir=layout.cache) as scratch:
         final_dir = Path(scratch)
-        built = [
-            build_jit_cache(layout, pins, archs, cuda, source, final_dir),
-            build_flashinfer_python(layout, pins, final_dir),
-            build_sglang(layout, pins, final_dir),
-        ]
+        built = [build_jit_cache(layout, pins, archs, cuda, source, final_dir)]
+        lap("compile + jit-cache wheel")
+        built.append(build_flashinfer_python(layout, pins, final_dir))
+        lap("flashinfer-python wheel")
+        built.append(build_sglang(layout, pins, final_dir))
+        lap("sglang wheel")
         wheels.assemble_wheelhouse(built, layout.wheelhouse)
+        lap("wheelhouse")
     for wheel in built:
         say(f"wheelhouse/{wheel.name}")
+    return seconds

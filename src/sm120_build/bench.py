@@ -1,0 +1,64 @@
+"""`nox -s bench`: cold build time by stage, no-op rebuild time and wheel sizes.
+
+A benchmark, not a test: it measures and reports. The cold build runs in a scratch copy of
+the project with an empty build cache; pip's own download cache is kept, so the figures are
+build time, not network time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import build, pins, pipeline
+from .layout import Layout, repo_root
+
+
+def _scratch_project(source: Path, scratch: Path) -> Layout:
+    root = scratch / "project"
+    root.mkdir()
+    shutil.copy(source / "pins.toml", root)
+    for name in ("patches", "kernel"):
+        shutil.copytree(
+            source / name,
+            root / name,
+            ignore=shutil.ignore_patterns("__pycache__", "_build_meta.py"),
+        )
+    return Layout(root=root, cache=root / ".cache")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench", description=__doc__)
+    parser.add_argument(
+        "--arch", action="append", metavar="ARCH", help="as for build_wheels (default: 12.0a)"
+    )
+    args = parser.parse_args(argv)
+    archs = [build.Arch.parse(text) for text in args.arch or ["12.0a"]]
+    source = repo_root()
+    with tempfile.TemporaryDirectory(prefix="sm120-bench-") as scratch:
+        layout = _scratch_project(source, Path(scratch))
+        pinned = pins.load(layout.pins_file)
+        cold = pipeline.build_wheels(layout, pinned, archs, None)
+        started = time.monotonic()
+        pipeline.build_wheels(layout, pinned, archs, None)
+        no_op = time.monotonic() - started
+        sizes = {p.name: p.stat().st_size for p in sorted(layout.wheelhouse.glob("*.whl"))}
+
+    print(f"\ncold build ({', '.join(str(a) for a in archs)}, {os.cpu_count()} cores)")
+    for stage, seconds in cold.items():
+        print(f"  {stage:<28} {seconds:8.1f} s")
+    print(f"  {'total':<28} {sum(cold.values()):8.1f} s")
+    print(f"no-op rebuild                  {no_op:8.1f} s")
+    print("wheel sizes")
+    for name, size in sizes.items():
+        print(f"  {size / 1e6:7.1f} MB  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
