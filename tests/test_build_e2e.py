@@ -374,7 +374,7 @@ def canonical_include(path: str) -> str:
     ):
         if path.rstrip("/").endswith(suffix):
             return name
-    if "python3" in path or path == "$PYTHON_INCLUDE":
+    if re.search(r"/include/python3\.\d+$", path) or path == "$PYTHON_INCLUDE":
         return "python"
     if path.endswith("/include") and ("CUDA_HOME" in path or "toolkits" in path or "/cuda" in path):
         return "cuda"

@@ -7,6 +7,7 @@ CMake's compile_commands.json so the wheel can record them.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -16,11 +17,14 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from .console import step
 from .errors import UserError
+from .gitrepo import export_tree
 from .toolkit import Toolkit
 
 # The translation units of FlashInfer's trtllm_comm JIT module (flashinfer/jit/comm.py).
@@ -30,6 +34,11 @@ TRTLLM_COMM_SOURCES = (
     "csrc/trtllm_moe_allreduce_fusion.cu",
 )
 _ARCH = re.compile(r"^(\d+)\.(\d)([af]?)$")
+
+# nvcc names each translation unit's internal namespace after a hash of the source file's
+# real path (_INTERNAL_<hash>_..., seen with CUDA 13.0; --frandom-seed does not change it).
+# So sources are compiled from this one fixed path, on every machine, under a lock.
+FIXED_SOURCE_DIR = Path("/tmp/sm120-build/flashinfer")
 
 
 @dataclass(frozen=True, order=True)
@@ -110,6 +119,21 @@ def _symbolic(argv: list[str], replacements: dict[str, str]) -> list[str]:
     return result
 
 
+@contextmanager
+def sources_at_fixed_path(flashinfer_tree: Path) -> Iterator[Path]:
+    """The committed flashinfer tree, exported to FIXED_SOURCE_DIR for the build's duration."""
+    FIXED_SOURCE_DIR.parent.mkdir(parents=True, exist_ok=True)
+    with open(FIXED_SOURCE_DIR.parent / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time uses the fixed path
+        try:
+            if FIXED_SOURCE_DIR.exists():
+                shutil.rmtree(FIXED_SOURCE_DIR)
+            export_tree(flashinfer_tree, FIXED_SOURCE_DIR)
+            yield FIXED_SOURCE_DIR
+        finally:
+            shutil.rmtree(FIXED_SOURCE_DIR, ignore_errors=True)
+
+
 def build_jit_cache_wheel(
     *,
     flashinfer_tree: Path,
@@ -120,7 +144,23 @@ def build_jit_cache_wheel(
     build_dir: Path,
     out_dir: Path,
 ) -> KernelBuild:
-    """Build flashinfer-jit-cache `version` into out_dir; build_dir is wiped first."""
+    """Build flashinfer-jit-cache `version` into out_dir; build_dir is wiped first.
+
+    `flashinfer_tree` must be the committed vendor tree: its HEAD is what gets compiled.
+    """
+    with sources_at_fixed_path(flashinfer_tree) as sources:
+        return _build(sources, kernel_project, archs, toolkit, version, build_dir, out_dir)
+
+
+def _build(
+    flashinfer_tree: Path,
+    kernel_project: Path,
+    archs: list[Arch],
+    toolkit: Toolkit,
+    version: str,
+    build_dir: Path,
+    out_dir: Path,
+) -> KernelBuild:
     tvm_ffi_dirs = _tvm_ffi_include_dirs()
     python_include = sysconfig.get_path("include")
     if build_dir.exists():

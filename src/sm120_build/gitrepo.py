@@ -6,8 +6,10 @@ same sdist and patches give the same commit ids on every machine.
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
+import tarfile
 from pathlib import Path
 
 from .errors import UserError
@@ -55,3 +57,17 @@ def is_dirty(repo: Path) -> bool:
 
 def head(repo: Path) -> str:
     return git(repo, "rev-parse", "HEAD").stdout.strip()
+
+
+def export_tree(tree: Path, destination: Path) -> None:
+    """Copy the committed state of a vendor tree (HEAD, without .git) to destination."""
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", "HEAD"],
+        cwd=tree,
+        env=git_environment(tree),
+        capture_output=True,
+        check=True,
+    ).stdout
+    destination.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(destination, filter="data")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import json
 import os
 import platform
@@ -14,7 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import zipfile
@@ -27,7 +25,7 @@ from packaging.utils import parse_wheel_filename
 from .console import step
 from .errors import UserError
 from .fetch import sha256_of
-from .gitrepo import git_environment
+from .gitrepo import export_tree
 
 PROVENANCE_FILE = "sm120-build.json"
 # Zip cannot store times before 1980; this stands in when SOURCE_DATE_EPOCH is unset.
@@ -36,20 +34,6 @@ DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z
 
 def source_date_epoch() -> int:
     return int(os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_EPOCH))
-
-
-def export_tree(tree: Path, destination: Path) -> None:
-    """Copy the committed state of a vendor tree (HEAD, without .git) to destination."""
-    archive = subprocess.run(
-        ["git", "archive", "--format=tar", "HEAD"],
-        cwd=tree,
-        env=git_environment(tree),
-        capture_output=True,
-        check=True,
-    ).stdout
-    destination.mkdir(parents=True)
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(destination, filter="data")
 
 
 def build_python_wheel(
