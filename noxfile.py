@@ -26,6 +26,7 @@ ROOT = Path(__file__).parent
 PINS = tomllib.loads((ROOT / "pins.toml").read_text())
 BUILD_REQUIREMENTS = PINS["build"]["requirements"]
 TEST_REQUIREMENTS = PINS["test"]["requirements"]
+PUBLISH_REQUIREMENTS = PINS["publish"]["requirements"]
 # One relocatable cache for everything large: sdists, the CUDA toolkit, built wheels, and
 # pip's own downloads (torch, flashinfer-cubin) made by any session.
 CACHE = Path(os.environ.get("SM120_CACHE_DIR", ROOT / ".cache")).resolve()
@@ -56,6 +57,19 @@ def build_wheels(session: nox.Session) -> None:
     """Build the three wheels into wheelhouse/. Options: --arch 12.0a [--arch 9.0a], --cuda-home."""
     _install_tool(session, *BUILD_REQUIREMENTS)
     session.run("sm120-build", "build-wheels", *session.posargs)
+
+
+@nox.session
+def publish(session: nox.Session) -> None:
+    """Upload wheelhouse/ to an index with twine and read it back, or write a static index.
+
+    -- --repository-url URL --index-url URL   (or --repository NAME from ~/.pypirc)
+    -- --static DIR                            PEP 503 tree for an air-gapped mirror
+    Credentials: TWINE_USERNAME/TWINE_PASSWORD, a keyring, or ~/.pypirc. Never part of
+    build_wheels.
+    """
+    _install_tool(session, *PUBLISH_REQUIREMENTS)
+    session.run("sm120-build", "publish", *session.posargs)
 
 
 @nox.session
@@ -90,7 +104,7 @@ def verify_gpu(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite; pass pytest options after --, e.g. -- -m 'not slow'."""
-    _install_tool(session, *BUILD_REQUIREMENTS, *TEST_REQUIREMENTS, "pytest")
+    _install_tool(session, *BUILD_REQUIREMENTS, *TEST_REQUIREMENTS, *PUBLISH_REQUIREMENTS, "pytest")
     session.run("pytest", *session.posargs)
 
 

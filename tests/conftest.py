@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import shutil
+import subprocess
+import sys
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -78,11 +81,10 @@ def write_series(series: Path, *patches: Path) -> None:
     (series / "series").write_text("".join(f"{p.name}\n" for p in patches))
 
 
-@pytest.fixture
-def project_copy(tmp_path: Path) -> Path:
+def fresh_root(base: Path) -> Path:
     """A scratch project root with this repo's pins, patches and kernel project."""
-    root = tmp_path / "project"
-    root.mkdir()
+    root = base / "project"
+    root.mkdir(parents=True)
     shutil.copy(REPO / "pins.toml", root)
     shutil.copytree(REPO / "patches", root / "patches")
     shutil.copytree(
@@ -90,4 +92,26 @@ def project_copy(tmp_path: Path) -> Path:
         root / "kernel",
         ignore=shutil.ignore_patterns("__pycache__", "_build_meta.py"),
     )
+    return root
+
+
+def build_wheels(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`sm120-build build-wheels` in root, with a build cache of its own."""
+    env = dict(os.environ, SM120_CACHE_DIR=str(root / ".cache"))
+    result = subprocess.run(
+        [sys.executable, "-m", "sm120_build", "build-wheels", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    return result
+
+
+@pytest.fixture(scope="session")
+def built_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One clean build of the default configuration (sm_120a, pinned toolkit)."""
+    root = fresh_root(tmp_path_factory.mktemp("first"))
+    build_wheels(root)
     return root

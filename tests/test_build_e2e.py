@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -23,36 +22,10 @@ from packaging.utils import parse_wheel_filename
 
 from sm120_build.pins import load as load_pins
 
-from .conftest import REPO
+from .conftest import REPO, build_wheels, fresh_root
 
 pytestmark = pytest.mark.slow
 PINS = load_pins(REPO / "pins.toml")
-
-
-def fresh_root(base: Path) -> Path:
-    root = base / "project"
-    root.mkdir(parents=True)
-    shutil.copy(REPO / "pins.toml", root)
-    shutil.copytree(REPO / "patches", root / "patches")
-    shutil.copytree(
-        REPO / "kernel",
-        root / "kernel",
-        ignore=shutil.ignore_patterns("__pycache__", "_build_meta.py"),
-    )
-    return root
-
-
-def build_wheels(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, SM120_CACHE_DIR=str(root / ".cache"))
-    result = subprocess.run(
-        [sys.executable, "-m", "sm120_build", "build-wheels", *args],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
-    return result
 
 
 def wheel_of(root: Path, project: str) -> Path:
@@ -61,13 +34,11 @@ def wheel_of(root: Path, project: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def builds(built_project: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Two clean builds of the default configuration, in different directories."""
-    first = fresh_root(tmp_path_factory.mktemp("first"))
     second = fresh_root(tmp_path_factory.mktemp("second"))
-    build_wheels(first)
     build_wheels(second)
-    return first, second
+    return built_project, second
 
 
 @pytest.fixture(scope="module")

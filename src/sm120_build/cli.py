@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import build, fetch, pins, pipeline, vendor
+from . import build, fetch, pins, pipeline, publish, vendor
 from .console import say
 from .errors import UserError
 from .layout import Layout, repo_root
@@ -33,6 +33,15 @@ def _export_patches(layout: Layout, args: argparse.Namespace) -> None:
             pinned.upstream(name), layout.vendor / name, layout.patches / name
         )
         say(f"patches/{name}: {len(written)} patches exported")
+
+
+def _publish(layout: Layout, args: argparse.Namespace) -> None:
+    if args.static:
+        publish.write_static_index(layout.wheelhouse, args.static.resolve())
+        return
+    if not args.index_url:
+        raise UserError("--index-url is required: the simple index to read the upload back from")
+    publish.publish(layout.wheelhouse, args.repository_url, args.repository, args.index_url)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +76,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="use this system CUDA toolkit instead of the pinned pip toolkit",
     )
     sub.set_defaults(run=_build_wheels)
+
+    sub = commands.add_parser(
+        "publish", help="upload wheelhouse/ with twine and verify it, or write a static index"
+    )
+    target = sub.add_mutually_exclusive_group(required=True)
+    target.add_argument("--repository-url", metavar="URL", help="upload endpoint")
+    target.add_argument("--repository", metavar="NAME", help="a ~/.pypirc section")
+    target.add_argument(
+        "--static",
+        type=Path,
+        metavar="DIR",
+        help="write a PEP 503 static index (packages/ + simple/) instead",
+    )
+    sub.add_argument(
+        "--index-url", metavar="URL", help="the index's simple API, read back after uploading"
+    )
+    sub.set_defaults(run=_publish)
     return parser
 
 

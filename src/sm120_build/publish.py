@@ -13,6 +13,7 @@ import hashlib
 import html
 import html.parser
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -120,13 +121,16 @@ def _twine(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _upload_failure(output: str) -> str:
+    http = re.search(r"HTTPError: (\d{3}) ([^\n]*?) from", output)
+    if http and http.group(1) in ("401", "403"):
+        return (
+            f"the index rejected the credentials or their rights (HTTP {http.group(1)} "
+            f"{http.group(2)}): check TWINE_USERNAME/TWINE_PASSWORD, your keyring or "
+            "~/.pypirc"
+        )
+    if http:
+        return f"the index answered HTTP {http.group(1)} {http.group(2)}"
     for marker, meaning in (
-        (
-            "401",
-            "the index refused the credentials (HTTP 401): check TWINE_USERNAME/"
-            "TWINE_PASSWORD, your keyring or ~/.pypirc",
-        ),
-        ("403", "the index refused the upload (HTTP 403): the account may not upload here"),
         ("Connection refused", "the connection was refused: is the index running at that URL?"),
         ("timed out", "the connection timed out"),
     ):
@@ -140,7 +144,7 @@ def publish(
     wheelhouse: Path, repository_url: str | None, repository: str | None, index_url: str
 ) -> None:
     wheels = local_wheels(wheelhouse)
-    check = _twine("check", "--strict", *(str(w.path) for w in wheels))
+    check = _twine("check", *(str(w.path) for w in wheels))
     if check.returncode != 0:
         raise UserError(f"twine check failed:\n{check.stdout}{check.stderr}")
 

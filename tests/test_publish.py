@@ -1,0 +1,276 @@
+"""Publishing against a real pypiserver on loopback (--disable-fallback, auth for upload)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from packaging.utils import canonicalize_name
+
+from sm120_build.wheels import assemble_wheelhouse, finalize_wheel
+
+from .conftest import REPO
+
+PASSWORD = "correct-horse-battery-4711"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def index(tmp_path: Path):
+    """pypiserver started and stopped by process id; uploads need uploader:PASSWORD."""
+    from passlib.apache import HtpasswdFile
+
+    packages = tmp_path / "served"
+    packages.mkdir()
+    htpasswd = HtpasswdFile(str(tmp_path / "htpasswd"), new=True)
+    htpasswd.set_password("uploader", PASSWORD)
+    htpasswd.save()
+    port = free_port()
+    log = (tmp_path / "server.log").open("w")
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pypiserver",
+            "run",
+            "--interface",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--disable-fallback",
+            "--hash-algo",
+            "sha256",
+            "--passwords",
+            str(tmp_path / "htpasswd"),
+            "--authenticate",
+            "update",
+            str(packages),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/simple/", timeout=2).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                pytest.fail("pypiserver did not start: " + (tmp_path / "server.log").read_text())
+            time.sleep(0.2)
+    yield SimpleNamespace(upload=f"{base}/", simple=f"{base}/simple/", packages=packages)
+    server.terminate()
+    server.wait(timeout=10)
+    log.close()
+
+
+def small_wheel(directory: Path, name: str, version: str, payload: str = "") -> Path:
+    metadata = (
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: test\n"
+        "Description-Content-Type: text/plain\n\nA test wheel.\n"
+    )
+    raw = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(raw, "w") as archive:
+        archive.writestr(f"{name}/__init__.py", payload)
+        archive.writestr(f"{name}-{version}.dist-info/METADATA", metadata)
+        archive.writestr(
+            f"{name}-{version}.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+    (directory / "final").mkdir(exist_ok=True)
+    return finalize_wheel(raw, directory / "final", {})
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A project root whose wheelhouse holds two small wheels."""
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy(REPO / "pins.toml", root)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    wheels = [
+        small_wheel(scratch, "alpha_pkg", "1.0+sm120.pabc12345"),
+        small_wheel(scratch, "beta_pkg", "2.0"),
+    ]
+    assemble_wheelhouse(wheels, root / "wheelhouse")
+    return root
+
+
+def publish(root: Path, *args: str, password: str = PASSWORD) -> subprocess.CompletedProcess:
+    env = dict(
+        os.environ, TWINE_USERNAME="uploader", TWINE_PASSWORD=password, HOME=str(root)
+    )  # no ~/.pypirc or keyring of the machine's
+    env.pop("PIP_FIND_LINKS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "sm120_build", "publish", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def fresh_install(root: Path, index_url: str, tmp_path: Path) -> dict[str, str]:
+    """pip install --require-hashes --no-deps -r wheelhouse/requirements.txt from index_url
+    into a fresh venv; returns what got installed."""
+    venv = tmp_path / "node-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PIP_CONFIG_FILE": os.devnull}
+    subprocess.run(
+        [
+            str(venv / "bin/python"),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--index-url",
+            index_url,
+            "--require-hashes",
+            "-r",
+            str(root / "wheelhouse/requirements.txt"),
+        ],
+        env=env,
+        check=True,
+    )
+    listing = subprocess.run(
+        [str(venv / "bin/python"), "-m", "pip", "list", "--format=freeze"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {
+        canonicalize_name(name): version
+        for name, version in (line.split("==") for line in listing.split() if "==" in line)
+    }
+
+
+def required_versions(root: Path) -> dict[str, str]:
+    lines = (root / "wheelhouse/requirements.txt").read_text().splitlines()
+    return {
+        canonicalize_name(name): version
+        for name, version in (line.split(" ")[0].split("==") for line in lines if "==" in line)
+    }
+
+
+def test_upload_then_install_then_republish_is_a_no_op(project: Path, index, tmp_path) -> None:
+    first = publish(project, "--repository-url", index.upload, "--index-url", index.simple)
+    assert first.returncode == 0, first.stderr
+    assert sorted(p.name for p in index.packages.iterdir()) == sorted(
+        p.name for p in (project / "wheelhouse").glob("*.whl")
+    )
+    assert first.stderr.count(": uploaded") == 2
+
+    installed = fresh_install(project, index.simple, tmp_path)
+    for name, version in required_versions(project).items():
+        assert installed[name] == version
+
+    again = publish(project, "--repository-url", index.upload, "--index-url", index.simple)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count("already there (identical), skipped") == 2
+    assert "uploading" not in again.stderr
+
+
+def test_same_name_other_content_is_refused(project: Path, index, tmp_path: Path) -> None:
+    wheelhouse = project / "wheelhouse"
+    (tampered,) = wheelhouse.glob("alpha_pkg-*.whl")
+    other = small_wheel(tmp_path, "alpha_pkg", "1.0+sm120.pabc12345", payload="changed = 1\n")
+    shutil.copyfile(other, index.packages / tampered.name)  # the index already has a variant
+    result = publish(project, "--repository-url", index.upload, "--index-url", index.simple)
+    assert result.returncode == 1
+    assert tampered.name in result.stderr and "other content" in result.stderr
+    import hashlib
+
+    assert hashlib.sha256(other.read_bytes()).hexdigest() in result.stderr
+    assert hashlib.sha256(tampered.read_bytes()).hexdigest() in result.stderr
+    # alpha_pkg sorts first: nothing after it was uploaded, and the summary says so.
+    assert not list(index.packages.glob("beta_pkg-*"))
+    assert "beta_pkg-2.0-py3-none-any.whl: NOT on the index" in result.stderr
+
+
+def test_wrong_password_is_a_clear_auth_error_and_uploads_nothing(project: Path, index) -> None:
+    result = publish(
+        project,
+        "--repository-url",
+        index.upload,
+        "--index-url",
+        index.simple,
+        password="wrong-password-0000",
+    )
+    assert result.returncode == 1
+    assert "rejected the credentials" in result.stderr
+    assert list(index.packages.iterdir()) == []
+    assert "NOT on the index" in result.stderr
+
+
+def test_server_not_running_is_a_clear_connection_error(project: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}/"
+    result = publish(project, "--repository-url", url, "--index-url", url + "simple/")
+    assert result.returncode == 1
+    assert "cannot reach" in result.stderr and "Connection refused" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_credentials_appear_nowhere(project: Path, index, tmp_path: Path) -> None:
+    results = [
+        publish(project, "--repository-url", index.upload, "--index-url", index.simple),
+        publish(
+            project,
+            "--repository-url",
+            index.upload,
+            "--index-url",
+            index.simple,
+            password="wrong-password-0000",
+        ),
+        publish(project, "--static", str(tmp_path / "static")),
+    ]
+    for result in results:
+        assert PASSWORD not in result.stdout + result.stderr
+        assert "wrong-password-0000" not in result.stdout + result.stderr
+    written = [p for base in (project, tmp_path / "static") for p in base.rglob("*") if p.is_file()]
+    assert written
+    for path in written:
+        assert PASSWORD.encode() not in path.read_bytes(), path
+
+
+def test_static_index_installs_with_pip(project: Path, tmp_path: Path) -> None:
+    static = tmp_path / "mirror"
+    result = publish(project, "--static", str(static))
+    assert result.returncode == 0, result.stderr
+    assert (static / "simple/alpha-pkg/index.html").is_file()
+    installed = fresh_install(project, (static / "simple").as_uri() + "/", tmp_path)
+    for name, version in required_versions(project).items():
+        assert installed[name] == version
+
+
+@pytest.mark.slow
+def test_publishes_what_build_wheels_produced(built_project: Path, index, tmp_path) -> None:
+    root = tmp_path / "published"
+    root.mkdir()
+    shutil.copy(REPO / "pins.toml", root)
+    shutil.copytree(built_project / "wheelhouse", root / "wheelhouse")
+    result = publish(root, "--repository-url", index.upload, "--index-url", index.simple)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count(": uploaded") == 3
+    installed = fresh_install(root, index.simple, tmp_path)
+    for name, version in required_versions(root).items():
+        assert installed[name] == version
