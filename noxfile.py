@@ -53,6 +53,18 @@ def export_patches(session: nox.Session) -> None:
 
 
 @nox.session
+def audit_gates(session: nox.Session) -> None:
+    """Find arch gates that still exclude SM120 (nvcc device preprocessing + Python AST).
+
+    Fails when an unwaived gate remains on the allreduce-fusion path. Options after --:
+    --pristine (audit the unpatched upstream; traces each gate to its patch),
+    --json FILE, --scope all (whole trees, report only).
+    """
+    _install_tool(session, *BUILD_REQUIREMENTS)
+    session.run("sm120-build", "audit-gates", *session.posargs)
+
+
+@nox.session
 def build_wheels(session: nox.Session) -> None:
     """Build the three wheels into wheelhouse/. Options: --arch 12.0a [--arch 9.0a], --cuda-home."""
     _install_tool(session, *BUILD_REQUIREMENTS)

@@ -33,6 +33,26 @@ TRTLLM_COMM_SOURCES = (
     "csrc/trtllm_allreduce_fusion.cu",
     "csrc/trtllm_moe_allreduce_fusion.cu",
 )
+# FlashInfer's JIT flags for trtllm_comm (flashinfer/jit/core.py gen_jit_spec, cpp_ext.py),
+# CUDA >= 12.8, non-debug. The flag-parity test compares them with what the JIT renders.
+TRTLLM_COMM_DEFINES = (
+    "FLASHINFER_ENABLE_F16",
+    "FLASHINFER_ENABLE_BF16",
+    "FLASHINFER_ENABLE_FP8_E4M3",
+    "FLASHINFER_ENABLE_FP8_E5M2",
+    "FLASHINFER_ENABLE_FP8_E8M0",
+    "FLASHINFER_ENABLE_FP4_E2M1",
+    "NDEBUG",
+    "Py_LIMITED_API=0x03090000",
+    "_GLIBCXX_USE_CXX11_ABI=1",
+)
+TRTLLM_COMM_CUDA_FLAGS = (
+    "-O3",
+    "--threads=1",
+    "-use_fast_math",
+    "--expt-relaxed-constexpr",
+    "-static-global-template-stub=false",
+)
 _ARCH = re.compile(r"^(\d+)\.(\d)([af]?)$")
 
 # nvcc names each translation unit's internal namespace after a hash of the source file's
@@ -97,7 +117,22 @@ class KernelBuild:
     compile_commands: list[list[str]]  # nvcc argv per translation unit, paths symbolic
 
 
-def _tvm_ffi_include_dirs() -> list[str]:
+def include_dirs(tree: Path, toolkit: Toolkit) -> list[str]:
+    """The include path of FlashInfer's JIT build, in its order, for a flashinfer tree."""
+    return [
+        sysconfig.get_path("include"),
+        str(toolkit.home / "include"),
+        str(toolkit.home / "include" / "cccl"),
+        *tvm_ffi_include_dirs(),
+        str(tree / "include"),
+        str(tree / "csrc"),
+        str(tree / "3rdparty" / "cutlass" / "include"),
+        str(tree / "3rdparty" / "cutlass" / "tools" / "util" / "include"),
+        str(tree / "3rdparty" / "spdlog" / "include"),
+    ]
+
+
+def tvm_ffi_include_dirs() -> list[str]:
     try:
         from tvm_ffi import libinfo
     except ImportError:
@@ -161,8 +196,9 @@ def _build(
     build_dir: Path,
     out_dir: Path,
 ) -> KernelBuild:
-    tvm_ffi_dirs = _tvm_ffi_include_dirs()
+    tvm_ffi_dirs = tvm_ffi_include_dirs()
     python_include = sysconfig.get_path("include")
+    prefix_maps = [f"{flashinfer_tree}=flashinfer", *(f"{d}=tvm_ffi" for d in tvm_ffi_dirs)]
     if build_dir.exists():
         shutil.rmtree(build_dir)
     with tempfile.TemporaryDirectory(prefix="jit-cache-project-") as scratch:
@@ -177,9 +213,10 @@ def _build(
             "FLASHINFER_SOURCE_DIR": str(flashinfer_tree),
             "CMAKE_CUDA_ARCHITECTURES": ";".join(arch.cmake for arch in archs),
             "CMAKE_CUDA_COMPILER": str(toolkit.nvcc),
-            "CUDAToolkit_ROOT": str(toolkit.home),
-            "TVM_FFI_INCLUDE_DIRS": ";".join(tvm_ffi_dirs),
-            "PYTHON_INCLUDE_DIR": python_include,
+            "TRTLLM_COMM_DEFINES": ";".join(TRTLLM_COMM_DEFINES),
+            "TRTLLM_COMM_CUDA_FLAGS": ";".join(TRTLLM_COMM_CUDA_FLAGS),
+            "TRTLLM_COMM_INCLUDE_DIRS": ";".join(include_dirs(flashinfer_tree, toolkit)),
+            "TRTLLM_COMM_PREFIX_MAPS": ";".join(prefix_maps),
             "CMAKE_EXPORT_COMPILE_COMMANDS": "ON",
         }
         command = [

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import build, fetch, pins, pipeline, publish, vendor
+from . import audit, build, fetch, pins, pipeline, publish, toolkit, vendor
 from .console import say
 from .errors import UserError
 from .layout import Layout, repo_root
@@ -33,6 +34,27 @@ def _export_patches(layout: Layout, args: argparse.Namespace) -> None:
             pinned.upstream(name), layout.vendor / name, layout.patches / name
         )
         say(f"patches/{name}: {len(written)} patches exported")
+
+
+def _audit_gates(layout: Layout, args: argparse.Namespace) -> None:
+    pinned = pins.load(layout.pins_file)
+    pipeline.vendor_all(layout, pinned)
+    report = audit.audit(
+        layout.vendor,
+        layout.patches,
+        audit.load_waivers(layout.waivers_file),
+        toolkit.pip_toolkit(pinned.toolkit_requirement, layout.cache),
+        pristine=args.pristine,
+        whole_tree=args.scope == "all",
+    )
+    print(report.table())
+    if args.json:
+        args.json.write_text(json.dumps(report.as_json(), indent=2) + "\n")
+    if report.failing and args.scope != "all":
+        raise UserError(
+            f"{len(report.failing)} arch gate(s) in scope still exclude SM120: patch them "
+            f"(patches/) or, if deliberate, waive them in {layout.waivers_file.name} with a reason"
+        )
 
 
 def _publish(layout: Layout, args: argparse.Namespace) -> None:
@@ -76,6 +98,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="use this system CUDA toolkit instead of the pinned pip toolkit",
     )
     sub.set_defaults(run=_build_wheels)
+
+    sub = commands.add_parser(
+        "audit-gates", help="find arch gates that exclude SM120 (device code and Python)"
+    )
+    sub.add_argument(
+        "--pristine",
+        action="store_true",
+        help="audit the unpatched upstream trees, tracing each gate to its patch",
+    )
+    sub.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
+    sub.add_argument(
+        "--scope",
+        choices=("path", "all"),
+        default="path",
+        help="path: the allreduce-fusion path, fails on a gate (default); "
+        "all: the whole trees, report only",
+    )
+    sub.set_defaults(run=_audit_gates)
 
     sub = commands.add_parser(
         "publish", help="upload wheelhouse/ with twine and verify it, or write a static index"

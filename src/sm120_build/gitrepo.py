@@ -59,10 +59,10 @@ def head(repo: Path) -> str:
     return git(repo, "rev-parse", "HEAD").stdout.strip()
 
 
-def export_tree(tree: Path, destination: Path) -> None:
-    """Copy the committed state of a vendor tree (HEAD, without .git) to destination."""
+def export_tree(tree: Path, destination: Path, revision: str = "HEAD") -> None:
+    """Copy a committed state of a vendor tree (without .git) to destination."""
     archive = subprocess.run(
-        ["git", "archive", "--format=tar", "HEAD"],
+        ["git", "archive", "--format=tar", revision],
         cwd=tree,
         env=git_environment(tree),
         capture_output=True,

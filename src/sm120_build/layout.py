@@ -24,6 +24,10 @@ class Layout:
         return self.root / "pins.toml"
 
     @property
+    def waivers_file(self) -> Path:
+        return self.root / "audit-waivers.toml"
+
+    @property
     def vendor(self) -> Path:
         return self.root / "vendor"
 

@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import build, fetch, toolkit, vendor, wheels
+from . import audit, build, fetch, toolkit, vendor, wheels
 from .console import say
+from .errors import UserError
 from .layout import Layout
 from .patches import load_series
 from .pins import Pins, Upstream
@@ -83,6 +84,43 @@ def _vendor_label(layout: Layout, upstream: Upstream) -> str:
     assert state is not None and state.inputs is not None, "vendor_all runs first"
     # "p" keeps the segment from being all digits, which PEP 440 would renormalise.
     return f"sm120.p{state.inputs[:8]}"
+
+
+def check_gates(layout: Layout, pins: Pins, cuda: toolkit.Toolkit) -> None:
+    """Refuse to compile while an arch gate on the fusion path still excludes SM120.
+
+    The verdict is cached under a digest of the trees' inputs, the waivers and the audit
+    code, so an unchanged re-run does not preprocess again."""
+    inputs = [vendor.read_state(layout.vendor / name).inputs for name in sorted(pins.upstreams)]
+    waivers_text = layout.waivers_file.read_text() if layout.waivers_file.is_file() else ""
+    key = _digest(
+        "audit",
+        inputs,
+        waivers_text,
+        cuda.full_version,
+        _files_digest([PACKAGE_DIR / "audit.py", PACKAGE_DIR / "build.py"]),
+    )
+    passed = layout.cache / "artifacts" / "audit" / f"{key}.passed"
+    if passed.is_file():
+        say("gate audit: unchanged inputs, passed before")
+        return
+    report = audit.audit(
+        layout.vendor,
+        layout.patches,
+        audit.load_waivers(layout.waivers_file),
+        cuda,
+        pristine=False,
+        whole_tree=False,
+    )
+    if report.failing:
+        print(report.table())
+        raise UserError(
+            f"{len(report.failing)} arch gate(s) on the fusion path still exclude SM120 "
+            "(table above); patch them or waive them in audit-waivers.toml. Nothing was built."
+        )
+    say(f"gate audit: {len(report.findings)} findings, none unwaived in scope")
+    passed.parent.mkdir(parents=True, exist_ok=True)
+    passed.write_text(json.dumps(report.as_json(), indent=2) + "\n")
 
 
 def build_jit_cache(
@@ -225,6 +263,8 @@ def build_wheels(
         source = f"system: {cuda_home.resolve()}"
     build.check_archs(archs, cuda)  # before anything compiles
     lap("toolkit")
+    check_gates(layout, pins, cuda)
+    lap("gate audit")
     layout.cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="final-", dir=layout.cache) as scratch:
         final_dir = Path(scratch)
