@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from sm120_build.pins import Upstream
+from sm120_build.pins import load as load_pins
 
 REPO = Path(__file__).resolve().parents[1]
+PINS_TOOLKIT = load_pins(REPO / "pins.toml").toolkit_requirement
 
 
 def make_tarball(path: Path, members: dict[str, str], top: str = "demo-1.0") -> Path:
@@ -114,4 +116,14 @@ def built_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One clean build of the default configuration (sm_120a, pinned toolkit)."""
     root = fresh_root(tmp_path_factory.mktemp("first"))
     build_wheels(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def vendored_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This repo's pins and patches, vendored with a fresh cache (a real fetch)."""
+    root = fresh_root(tmp_path_factory.mktemp("vendored"))
+    shutil.copy(REPO / "audit-waivers.toml", root)
+    env = dict(os.environ, SM120_CACHE_DIR=str(root / ".cache"))
+    subprocess.run([sys.executable, "-m", "sm120_build", "vendor"], cwd=root, env=env, check=True)
     return root

@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,13 +23,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("project")
-    shutil.copy(REPO / "pins.toml", root)
-    shutil.copytree(REPO / "patches", root / "patches")
-    env = dict(os.environ, SM120_CACHE_DIR=str(root / ".cache"))  # a fresh cache: real fetch
-    subprocess.run([sys.executable, "-m", "sm120_build", "vendor"], cwd=root, env=env, check=True)
-    return root
+def root(vendored_project: Path) -> Path:
+    return vendored_project
 
 
 def load_function(path: Path, name: str, namespace: dict) -> object:
