@@ -27,9 +27,12 @@ from pathlib import Path
 TOLERANCES = {"bfloat16": (1.6e-2, 1.6e-2), "float16": (2e-3, 2e-3)}
 
 
+MOE_TOP_K = 4
+
+
 @dataclass(frozen=True)
 class Case:
-    pattern: str  # "allreduce" or "residual_rmsnorm"
+    pattern: str  # "allreduce", "residual_rmsnorm" or "moe_finalize"
     dtype: str
     oneshot: bool
     pdl: bool
@@ -64,6 +67,12 @@ def default_cases(world_size: int) -> list[Case]:
                             continue  # two-shot needs more tokens than ranks
                         for pdl in (True, False):
                             cases.append(Case(pattern, dtype, oneshot, pdl, tokens, hidden))
+        # MoE finalize fusion (one-shot only): top-k gather, scale, shared expert, allreduce,
+        # residual add and RMSNorm in one kernel.
+        for tokens in (16, 256):
+            for dtype in ("bfloat16", "float16"):
+                for pdl in (True, False):
+                    cases.append(Case("moe_finalize", dtype, True, pdl, tokens, hidden))
     return cases
 
 
@@ -75,10 +84,46 @@ def _inputs(case: Case, world_size: int):
         return torch.randn(*shape, generator=generator, dtype=torch.float32)
 
     base = zlib.crc32(case.name.encode()) & 0xFFFF  # same in every rank's process
-    shards = [draw(base + rank, case.tokens, case.hidden) for rank in range(world_size)]
+    rows = case.tokens * (MOE_TOP_K if case.pattern == "moe_finalize" else 1)
+    shards = [draw(base + rank, rows, case.hidden) for rank in range(world_size)]
     residual = draw(base + 1000, case.tokens, case.hidden)
     gamma = 1.0 + 0.1 * draw(base + 2000, case.hidden)
     return shards, residual, gamma
+
+
+def _moe_routing(case: Case, world_size: int):
+    """Per rank: a permutation of the expanded rows (some dropped as -1), expert scales
+    and a shared-expert output."""
+    import torch
+
+    base = zlib.crc32(case.name.encode()) & 0xFFFF
+    routing = []
+    for rank in range(world_size):
+        generator = torch.Generator().manual_seed(base + 3000 + rank)
+        rows = case.tokens * MOE_TOP_K
+        permuted = torch.randperm(rows, generator=generator).to(torch.int32)
+        permuted[torch.rand(rows, generator=generator) < 0.1] = -1  # dropped tokens
+        scales = torch.rand(case.tokens, MOE_TOP_K, generator=generator)
+        shared = torch.randn(case.tokens, case.hidden, generator=generator)
+        routing.append((permuted.view(case.tokens, MOE_TOP_K), scales, shared))
+    return routing
+
+
+def _moe_finalize_reference(case: Case, shard, permuted, scales, shared):
+    """One rank's finalize as the kernel computes it: products rounded to the dtype and
+    accumulated in the dtype, then the shared expert output added."""
+    import torch
+
+    dtype = getattr(torch, case.dtype)
+    rows = shard.to(dtype).float()
+    scale = scales.to(dtype).float()
+    accumulator = torch.zeros(case.tokens, case.hidden, dtype=dtype)
+    for k in range(MOE_TOP_K):
+        index = permuted[:, k].long()
+        term = rows[index.clamp(min=0)] * scale[:, k : k + 1]
+        term[index < 0] = 0.0
+        accumulator = (accumulator.float() + term.to(dtype).float()).to(dtype)
+    return (accumulator.float() + shared.to(dtype).float()).to(dtype).float()
 
 
 def _reference(case: Case, world_size: int, eps: float):
@@ -86,8 +131,14 @@ def _reference(case: Case, world_size: int, eps: float):
 
     dtype = getattr(torch, case.dtype)
     shards, residual, gamma = _inputs(case, world_size)
-    # Round the inputs to the tested dtype first: the kernel sees these values.
-    total = sum(shard.to(dtype).float() for shard in shards)
+    if case.pattern == "moe_finalize":
+        total = sum(
+            _moe_finalize_reference(case, shard, *routing)
+            for shard, routing in zip(shards, _moe_routing(case, world_size), strict=True)
+        )
+    else:
+        # Round the inputs to the tested dtype first: the kernel sees these values.
+        total = sum(shard.to(dtype).float() for shard in shards)
     if case.pattern == "allreduce":
         return {"allreduce_out": total}
     summed = total + residual.to(dtype).float()
@@ -126,15 +177,37 @@ def _run_rank(
             shards, residual, gamma = _inputs(case, world_size)
             x = shards[rank].to(dtype).cuda()
             outputs = {
-                name: torch.full_like(x, float("nan"))
+                name: torch.full(
+                    (case.tokens, case.hidden), float("nan"), dtype=dtype, device="cuda"
+                )
                 for name in ("allreduce_out", "residual_out", "norm_out")
             }
+            dist.barrier(group)
+            if case.pattern == "moe_finalize":
+                permuted, scales, shared = _moe_routing(case, world_size)[rank]
+                trtllm_ar.trtllm_moe_finalize_allreduce_fusion(
+                    allreduce_in=x,
+                    residual_in=residual.to(dtype).cuda(),
+                    norm_weight=gamma.to(dtype).cuda(),
+                    expanded_idx_to_permuted_idx=permuted.cuda(),
+                    norm_out=outputs["norm_out"],
+                    residual_out=outputs["residual_out"],
+                    workspace_ptrs=workspace,
+                    launch_with_pdl=case.pdl,
+                    world_rank=rank,
+                    world_size=world_size,
+                    eps=eps,
+                    shared_expert_output=shared.to(dtype).cuda(),
+                    expert_scale_factor=scales.to(dtype).cuda(),
+                )
+                torch.cuda.synchronize()
+                results += _compare(case, rank, outputs, world_size, eps)
+                continue
             pattern = (
                 trtllm_ar.AllReduceFusionPattern.kAllReduce
                 if case.pattern == "allreduce"
                 else trtllm_ar.AllReduceFusionPattern.kARResidualRMSNorm
             )
-            dist.barrier(group)
             trtllm_ar.trtllm_allreduce_fusion(
                 allreduce_in=x,
                 world_size=world_size,
@@ -159,28 +232,31 @@ def _run_rank(
                 layout_code=None,
             )
             torch.cuda.synchronize()
-            rtol, atol = TOLERANCES[case.dtype]
-            for name, expected in _reference(case, world_size, eps).items():
-                got = outputs[name].float().cpu()
-                error = (got - expected).abs()
-                allowed = atol + rtol * expected.abs()
-                ok = bool(torch.isfinite(got).all()) and bool((error <= allowed).all())
-                results.append(
-                    Result(
-                        case.name,
-                        rank,
-                        name,
-                        float(error.nan_to_num(1e30).max()),
-                        float(allowed.max()),
-                        ok,
-                    )
-                )
+            results += _compare(case, rank, outputs, world_size, eps)
         dist.barrier(group)
         trtllm_ar.trtllm_destroy_ipc_workspace_for_all_reduce_fusion(ipc_handles, group)
     Path(results_path).with_suffix(f".rank{rank}.json").write_text(
         json.dumps([asdict(result) for result in results])
     )
     dist.destroy_process_group()
+
+
+def _compare(case: Case, rank: int, outputs, world_size: int, eps: float) -> list[Result]:
+    import torch
+
+    rtol, atol = TOLERANCES[case.dtype]
+    results = []
+    for name, expected in _reference(case, world_size, eps).items():
+        got = outputs[name].float().cpu()
+        error = (got - expected).abs()
+        allowed = atol + rtol * expected.abs()
+        ok = bool(torch.isfinite(got).all()) and bool((error <= allowed).all())
+        results.append(
+            Result(
+                case.name, rank, name, float(error.nan_to_num(1e30).max()), float(allowed.max()), ok
+            )
+        )
+    return results
 
 
 def _free_port() -> int:
