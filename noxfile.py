@@ -113,6 +113,23 @@ def verify_gpu(session: nox.Session) -> None:
     )
 
 
+@nox.session(venv_backend="none")
+def bench_gpu(session: nox.Session) -> None:
+    """Benchmark fused allreduce+residual+RMSNorm against NCCL all_reduce + separate
+    residual+RMSNorm, one rank per GPU (needs >= 2 GPUs). Runs like verify_gpu, in the Python
+    nox runs from, after installing wheelhouse/'s FlashInfer wheels there.
+    Options after --: --world-size N (repeatable), --replays N, --json FILE.
+    """
+    wheels = sorted(str(p) for p in (ROOT / "wheelhouse").glob("flashinfer_*.whl"))
+    if len(wheels) != 2:
+        session.error("wheelhouse/ lacks the FlashInfer wheels: run `nox -s build_wheels` first")
+    session.run(sys.executable, "-m", "pip", "install", "--no-deps", *wheels)
+    session.run(
+        sys.executable, "-m", "sm120_build.bench_gpu", *session.posargs,
+        env={"FLASHINFER_DISABLE_JIT": "1", "PYTHONPATH": str(ROOT / "src")},
+    )
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite; pass pytest options after --, e.g. -- -m 'not slow'."""

@@ -1,0 +1,134 @@
+"""`nox -s bench_gpu`: latency of the fused allreduce + residual add + RMSNorm kernel against
+NCCL all_reduce followed by a separate residual add + RMSNorm, one rank per GPU.
+
+A benchmark, not a test. Each figure is the median of many CUDA-event-timed replays of a
+CUDA graph holding 10 calls, after warm-up. Needs at least two GPUs: ranks that share one
+GPU would time contention, not an interconnect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from .verify import _free_port
+
+SIZES = [(tokens, hidden) for hidden in (4096, 7168) for tokens in (16, 128, 1024)]
+CALLS_PER_GRAPH = 10
+
+
+def _time_graph(torch, run, replays: int) -> float:
+    """Median microseconds per call of `run`, captured CALLS_PER_GRAPH times in a graph."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            run()  # warm-up outside the graph (NCCL and lamport state)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(CALLS_PER_GRAPH):
+            run()
+    for _ in range(5):
+        graph.replay()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000 / CALLS_PER_GRAPH)
+    return statistics.median(samples)
+
+
+def _rank(rank: int, world_size: int, port: int, replays: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from flashinfer.comm import trtllm_ar
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, device_id=torch.device("cuda", rank))
+    rows = []
+    for hidden in sorted({h for _, h in SIZES}):
+        max_tokens = max(t for t, h in SIZES if h == hidden)
+        handles, workspace = trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion(
+            rank, world_size, max_tokens, hidden, group=dist.group.WORLD)
+        for tokens in sorted(t for t, h in SIZES if h == hidden):
+            x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device="cuda")
+            residual = torch.randn_like(x)
+            gamma = torch.ones(hidden, dtype=torch.bfloat16, device="cuda")
+            residual_out, norm_out = torch.empty_like(x), torch.empty_like(x)
+
+            def fused() -> None:
+                trtllm_ar.trtllm_allreduce_fusion(
+                    allreduce_in=x, world_size=world_size, world_rank=rank, token_num=tokens,
+                    hidden_dim=hidden, workspace_ptrs=workspace, launch_with_pdl=True,
+                    trigger_completion_at_end=True, fp32_acc=True,
+                    pattern_code=trtllm_ar.AllReduceFusionPattern.kARResidualRMSNorm,
+                    use_oneshot=None, allreduce_out=None, residual_in=residual,
+                    residual_out=residual_out, norm_out=norm_out, quant_out=None,
+                    scale_out=None, rms_gamma=gamma, rms_eps=1e-6, scale_factor=None,
+                    layout_code=None)
+
+            reduced = torch.empty_like(x)
+
+            def unfused() -> None:
+                reduced.copy_(x)
+                dist.all_reduce(reduced)
+                summed = reduced + residual
+                normed = torch.nn.functional.rms_norm(summed.float(), (hidden,), eps=1e-6)
+                norm_out.copy_(normed.to(x.dtype) * gamma)
+
+            rows.append({"tokens": tokens, "hidden": hidden,
+                         "fused_us": _time_graph(torch, fused, replays),
+                         "unfused_us": _time_graph(torch, unfused, replays)})
+        dist.barrier()
+        trtllm_ar.trtllm_destroy_ipc_workspace_for_all_reduce_fusion(handles, dist.group.WORLD)
+    if rank == 0:
+        Path(out).write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_gpu", description=__doc__)
+    parser.add_argument("--world-size", type=int, action="append",
+                        help="ranks, one per GPU (default: 2, 4, 8 up to the GPU count)")
+    parser.add_argument("--replays", type=int, default=200)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    import torch
+    import torch.multiprocessing as mp
+
+    devices = torch.cuda.device_count()
+    sizes = args.world_size or [n for n in (2, 4, 8) if n <= devices]
+    if not sizes or max(sizes) > devices:
+        print(f"error: needs one GPU per rank; this machine has {devices}", file=sys.stderr)
+        return 2
+    name = torch.cuda.get_device_name(0)
+    print(f"{devices} x {name}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    results = {}
+    for world_size in sizes:
+        out = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_gpu-{os.getpid()}.json"
+        mp.spawn(_rank, args=(world_size, _free_port(), args.replays, str(out)),
+                 nprocs=world_size, join=True)
+        results[world_size] = json.loads(out.read_text())
+        out.unlink()
+    print(f"\n{'ranks':>5} {'tokens':>6} {'hidden':>6} {'fused us':>9} {'unfused us':>10} "
+          f"{'fused/unfused':>13}")
+    for world_size, rows in results.items():
+        for row in rows:
+            print(f"{world_size:>5} {row['tokens']:>6} {row['hidden']:>6} "
+                  f"{row['fused_us']:>9.1f} {row['unfused_us']:>10.1f} "
+                  f"{row['fused_us'] / row['unfused_us']:>13.2f}")
+    if args.json:
+        args.json.write_text(json.dumps({"gpu": name, "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
