@@ -45,48 +45,79 @@ def _time_graph(torch, run, replays: int) -> float:
     return statistics.median(samples)
 
 
+def _measure(
+    rank: int, world_size: int, workspace, tokens: int, hidden: int, replays: int
+) -> dict[str, float]:
+    import torch
+    import torch.distributed as dist
+    from flashinfer.comm import trtllm_ar
+
+    x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device="cuda")
+    residual = torch.randn_like(x)
+    gamma = torch.ones(hidden, dtype=torch.bfloat16, device="cuda")
+    residual_out, norm_out, reduced = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+
+    def fused() -> None:
+        trtllm_ar.trtllm_allreduce_fusion(
+            allreduce_in=x,
+            world_size=world_size,
+            world_rank=rank,
+            token_num=tokens,
+            hidden_dim=hidden,
+            workspace_ptrs=workspace,
+            launch_with_pdl=True,
+            trigger_completion_at_end=True,
+            fp32_acc=True,
+            pattern_code=trtllm_ar.AllReduceFusionPattern.kARResidualRMSNorm,
+            use_oneshot=None,
+            allreduce_out=None,
+            residual_in=residual,
+            residual_out=residual_out,
+            norm_out=norm_out,
+            quant_out=None,
+            scale_out=None,
+            rms_gamma=gamma,
+            rms_eps=1e-6,
+            scale_factor=None,
+            layout_code=None,
+        )
+
+    def unfused() -> None:
+        reduced.copy_(x)
+        dist.all_reduce(reduced)
+        residual_out.copy_(reduced + residual)
+        normed = torch.nn.functional.rms_norm(residual_out.float(), (hidden,), eps=1e-6)
+        norm_out.copy_(normed.to(x.dtype) * gamma)
+
+    return {
+        "tokens": tokens,
+        "hidden": hidden,
+        "fused_us": _time_graph(torch, fused, replays),
+        "unfused_us": _time_graph(torch, unfused, replays),
+    }
+
+
 def _rank(rank: int, world_size: int, port: int, replays: int, out: str) -> None:
     import torch
     import torch.distributed as dist
     from flashinfer.comm import trtllm_ar
 
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, device_id=torch.device("cuda", rank))
+    dist.init_process_group(
+        "nccl",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        device_id=torch.device("cuda", rank),
+    )
     rows = []
     for hidden in sorted({h for _, h in SIZES}):
         max_tokens = max(t for t, h in SIZES if h == hidden)
         handles, workspace = trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion(
-            rank, world_size, max_tokens, hidden, group=dist.group.WORLD)
+            rank, world_size, max_tokens, hidden, group=dist.group.WORLD
+        )
         for tokens in sorted(t for t, h in SIZES if h == hidden):
-            x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device="cuda")
-            residual = torch.randn_like(x)
-            gamma = torch.ones(hidden, dtype=torch.bfloat16, device="cuda")
-            residual_out, norm_out = torch.empty_like(x), torch.empty_like(x)
-
-            def fused() -> None:
-                trtllm_ar.trtllm_allreduce_fusion(
-                    allreduce_in=x, world_size=world_size, world_rank=rank, token_num=tokens,
-                    hidden_dim=hidden, workspace_ptrs=workspace, launch_with_pdl=True,
-                    trigger_completion_at_end=True, fp32_acc=True,
-                    pattern_code=trtllm_ar.AllReduceFusionPattern.kARResidualRMSNorm,
-                    use_oneshot=None, allreduce_out=None, residual_in=residual,
-                    residual_out=residual_out, norm_out=norm_out, quant_out=None,
-                    scale_out=None, rms_gamma=gamma, rms_eps=1e-6, scale_factor=None,
-                    layout_code=None)
-
-            reduced = torch.empty_like(x)
-
-            def unfused() -> None:
-                reduced.copy_(x)
-                dist.all_reduce(reduced)
-                summed = reduced + residual
-                normed = torch.nn.functional.rms_norm(summed.float(), (hidden,), eps=1e-6)
-                norm_out.copy_(normed.to(x.dtype) * gamma)
-
-            rows.append({"tokens": tokens, "hidden": hidden,
-                         "fused_us": _time_graph(torch, fused, replays),
-                         "unfused_us": _time_graph(torch, unfused, replays)})
+            rows.append(_measure(rank, world_size, workspace, tokens, hidden, replays))
         dist.barrier()
         trtllm_ar.trtllm_destroy_ipc_workspace_for_all_reduce_fusion(handles, dist.group.WORLD)
     if rank == 0:
@@ -96,8 +127,12 @@ def _rank(rank: int, world_size: int, port: int, replays: int, out: str) -> None
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_gpu", description=__doc__)
-    parser.add_argument("--world-size", type=int, action="append",
-                        help="ranks, one per GPU (default: 2, 4, 8 up to the GPU count)")
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        action="append",
+        help="ranks, one per GPU (default: 2, 4, 8 up to the GPU count)",
+    )
     parser.add_argument("--replays", type=int, default=200)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -114,17 +149,25 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for world_size in sizes:
         out = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_gpu-{os.getpid()}.json"
-        mp.spawn(_rank, args=(world_size, _free_port(), args.replays, str(out)),
-                 nprocs=world_size, join=True)
+        mp.spawn(
+            _rank,
+            args=(world_size, _free_port(), args.replays, str(out)),
+            nprocs=world_size,
+            join=True,
+        )
         results[world_size] = json.loads(out.read_text())
         out.unlink()
-    print(f"\n{'ranks':>5} {'tokens':>6} {'hidden':>6} {'fused us':>9} {'unfused us':>10} "
-          f"{'fused/unfused':>13}")
+    print(
+        f"\n{'ranks':>5} {'tokens':>6} {'hidden':>6} {'fused us':>9} {'unfused us':>10} "
+        f"{'fused/unfused':>13}"
+    )
     for world_size, rows in results.items():
         for row in rows:
-            print(f"{world_size:>5} {row['tokens']:>6} {row['hidden']:>6} "
-                  f"{row['fused_us']:>9.1f} {row['unfused_us']:>10.1f} "
-                  f"{row['fused_us'] / row['unfused_us']:>13.2f}")
+            print(
+                f"{world_size:>5} {row['tokens']:>6} {row['hidden']:>6} "
+                f"{row['fused_us']:>9.1f} {row['unfused_us']:>10.1f} "
+                f"{row['fused_us'] / row['unfused_us']:>13.2f}"
+            )
     if args.json:
         args.json.write_text(json.dumps({"gpu": name, "results": results}, indent=2))
     return 0
