@@ -123,7 +123,6 @@ def built_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def vendored_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """This repo's pins and patches, vendored with a fresh cache (a real fetch)."""
     root = fresh_root(tmp_path_factory.mktemp("vendored"))
-    shutil.copy(REPO / "audit-waivers.toml", root)
     env = dict(os.environ, SM120_CACHE_DIR=str(root / ".cache"))
     subprocess.run([sys.executable, "-m", "sm120_build", "vendor"], cwd=root, env=env, check=True)
     return root

@@ -22,7 +22,8 @@ from .layout import Layout, repo_root
 def _scratch_project(source: Path, scratch: Path) -> Layout:
     root = scratch / "project"
     root.mkdir()
-    shutil.copy(source / "pins.toml", root)
+    for name in ("pins.toml", "audit-waivers.toml"):
+        shutil.copy(source / name, root)
     for name in ("patches", "kernel"):
         shutil.copytree(
             source / name,
