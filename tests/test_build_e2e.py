@@ -375,3 +375,31 @@ def test_compile_flags_match_flashinfers_own_jit_build(
     for source in jit:
         assert ours[source] - jit[source] == set(OURS_ONLY), source
         assert jit[source] - ours[source] <= set(JIT_ONLY), source
+
+
+def refused_build(root: Path, *args: str) -> str:
+    env = dict(os.environ, SM120_CACHE_DIR=str(root / ".cache"))
+    result = subprocess.run(
+        [sys.executable, "-m", "sm120_build", "build-wheels", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "compiling trtllm_comm" not in result.stderr
+    return result.stderr
+
+
+def test_system_toolkit_that_cannot_build_the_arch_is_refused_before_compiling(
+    builds, tmp_path: Path
+) -> None:
+    root = builds[0]
+    before = sorted(p.name for p in (root / "wheelhouse").iterdir())
+    toolkit_home = next((root / ".cache" / "toolkits").glob("*/home"))
+    assert "cannot build 13.0a" in refused_build(
+        root, "--arch", "13.0a", "--cuda-home", str(toolkit_home)
+    )
+    assert "does not exist" in refused_build(root, "--cuda-home", str(tmp_path / "no-cuda"))
+    assert "expected MAJOR.MINOR" in refused_build(root, "--arch", "sm_120")
+    assert sorted(p.name for p in (root / "wheelhouse").iterdir()) == before
