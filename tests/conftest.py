@@ -98,16 +98,20 @@ def fresh_root(base: Path) -> Path:
     return root
 
 
-def build_wheels(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def run_build(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`sm120-build build-wheels` in root, with a build cache of its own."""
     env = dict(os.environ, SM120_CACHE_DIR=str(root / ".cache"))
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "sm120_build", "build-wheels", *args],
         cwd=root,
         env=env,
         capture_output=True,
         text=True,
     )
+
+
+def build_wheels(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    result = run_build(root, *args)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     return result
 

@@ -117,6 +117,22 @@ class KernelBuild:
     compile_commands: list[list[str]]  # nvcc argv per translation unit, paths symbolic
 
 
+def pip_wheel_command(project: Path, out_dir: Path, *options: str) -> list[str]:
+    """pip wheel in the current environment: the build requirements are already pinned in it."""
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-build-isolation",
+        "--no-deps",
+        *options,
+        "--wheel-dir",
+        str(out_dir),
+        str(project),
+    ]
+
+
 def include_dirs(tree: Path, toolkit: Toolkit) -> list[str]:
     """The include path of FlashInfer's JIT build, in its order, for a flashinfer tree."""
     return [
@@ -183,56 +199,31 @@ def build_jit_cache_wheel(
 
     `flashinfer_tree` must be the committed vendor tree: its HEAD is what gets compiled.
     """
-    with sources_at_fixed_path(flashinfer_tree) as sources:
-        return _build(sources, kernel_project, archs, toolkit, version, build_dir, out_dir)
-
-
-def _build(
-    flashinfer_tree: Path,
-    kernel_project: Path,
-    archs: list[Arch],
-    toolkit: Toolkit,
-    version: str,
-    build_dir: Path,
-    out_dir: Path,
-) -> KernelBuild:
-    tvm_ffi_dirs = tvm_ffi_include_dirs()
-    python_include = sysconfig.get_path("include")
-    prefix_maps = [f"{flashinfer_tree}=flashinfer", *(f"{d}=tvm_ffi" for d in tvm_ffi_dirs)]
     if build_dir.exists():
         shutil.rmtree(build_dir)
-    with tempfile.TemporaryDirectory(prefix="jit-cache-project-") as scratch:
+    with (
+        sources_at_fixed_path(flashinfer_tree) as sources,
+        tempfile.TemporaryDirectory(prefix="jit-cache-project-") as scratch,
+    ):
         project = Path(scratch) / "flashinfer-jit-cache"
-        shutil.copytree(
-            kernel_project, project, ignore=shutil.ignore_patterns("__pycache__", "_build_meta.py")
-        )
+        ignore = shutil.ignore_patterns("__pycache__", "_build_meta.py")
+        shutil.copytree(kernel_project, project, ignore=ignore)
         (project / "flashinfer_jit_cache" / "_build_meta.py").write_text(
             f'__version__ = "{version}"\n'
         )
+        prefix_maps = [f"{sources}=flashinfer", *(f"{d}=tvm_ffi" for d in tvm_ffi_include_dirs())]
         defines = {
-            "FLASHINFER_SOURCE_DIR": str(flashinfer_tree),
+            "FLASHINFER_SOURCE_DIR": str(sources),
             "CMAKE_CUDA_ARCHITECTURES": ";".join(arch.cmake for arch in archs),
             "CMAKE_CUDA_COMPILER": str(toolkit.nvcc),
             "TRTLLM_COMM_DEFINES": ";".join(TRTLLM_COMM_DEFINES),
             "TRTLLM_COMM_CUDA_FLAGS": ";".join(TRTLLM_COMM_CUDA_FLAGS),
-            "TRTLLM_COMM_INCLUDE_DIRS": ";".join(include_dirs(flashinfer_tree, toolkit)),
+            "TRTLLM_COMM_INCLUDE_DIRS": ";".join(include_dirs(sources, toolkit)),
             "TRTLLM_COMM_PREFIX_MAPS": ";".join(prefix_maps),
             "CMAKE_EXPORT_COMPILE_COMMANDS": "ON",
         }
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-build-isolation",
-            "--no-deps",
-            "--verbose",
-            "--wheel-dir",
-            str(out_dir),
-            str(project),
-            "--config-settings",
-            f"build-dir={build_dir}",
-        ]
+        command = pip_wheel_command(project, out_dir, "--verbose")
+        command += ["--config-settings", f"build-dir={build_dir}"]
         for name, value in defines.items():
             command += ["--config-settings", f"cmake.define.{name}={value}"]
         env = dict(os.environ, CUDA_HOME=str(toolkit.home), CUDACXX=str(toolkit.nvcc))
@@ -250,17 +241,22 @@ def _build(
     wheels = sorted(out_dir.glob("flashinfer_jit_cache-*.whl"))
     if len(wheels) != 1:
         raise UserError(f"expected one flashinfer_jit_cache wheel in {out_dir}, found {wheels}")
+    return KernelBuild(
+        wheel=wheels[0], compile_commands=_recorded_commands(build_dir, sources, toolkit)
+    )
 
+
+def _recorded_commands(build_dir: Path, sources: Path, toolkit: Toolkit) -> list[list[str]]:
+    """nvcc's command line per translation unit, from compile_commands.json, paths symbolic."""
     entries = json.loads((build_dir / "compile_commands.json").read_text())
     replacements = {
-        str(flashinfer_tree): "$FLASHINFER",
+        str(sources): "$FLASHINFER",
         str(toolkit.home): "$CUDA_HOME",
-        python_include: "$PYTHON_INCLUDE",
+        sysconfig.get_path("include"): "$PYTHON_INCLUDE",
         str(build_dir): "$BUILD",
-        **{path: "$TVM_FFI" for path in tvm_ffi_dirs},
+        **{path: "$TVM_FFI" for path in tvm_ffi_include_dirs()},
     }
-    commands = [
+    return [
         _symbolic(shlex.split(entry["command"]), replacements)
         for entry in sorted(entries, key=lambda entry: entry["file"])
     ]
-    return KernelBuild(wheel=wheels[0], compile_commands=commands)

@@ -12,7 +12,6 @@ import platform
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import zipfile
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
+from .build import pip_wheel_command
 from .console import step
 from .errors import UserError
 from .fetch import sha256_of
@@ -58,18 +58,7 @@ def build_python_wheel(
             GIT_CEILING_DIRECTORIES=scratch,
             **env_overrides,
         )
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-build-isolation",
-            "--no-deps",
-            "--quiet",
-            "--wheel-dir",
-            str(out_dir),
-            str(stage),
-        ]
+        command = pip_wheel_command(stage, out_dir, "--quiet")
         with step(f"building the {tree.name} wheel"):
             result = subprocess.run(command, env=env, capture_output=True, text=True)
         if result.returncode != 0:
