@@ -8,18 +8,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import audit, build, fetch, pins, pipeline, publish, toolkit, vendor
+from . import audit, build, pins, pipeline, publish, toolkit, vendor
 from .console import say
 from .errors import UserError
 from .layout import Layout, repo_root
 
 
 def _vendor(layout: Layout, args: argparse.Namespace) -> None:
-    pinned = pins.load(layout.pins_file)
-    for name in args.names or sorted(pinned.upstreams):
-        upstream = pinned.upstream(name)
-        sdist = fetch.fetch_sdist(upstream, layout.sdists)
-        vendor.vendor_upstream(upstream, sdist, layout.patches / name, layout.vendor / name)
+    pipeline.vendor_all(layout, pins.load(layout.pins_file), args.names)
 
 
 def _build_wheels(layout: Layout, args: argparse.Namespace) -> None:
@@ -67,7 +63,11 @@ def _publish(layout: Layout, args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sm120-build", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="sm120-build",
+        description="Build SM120-enabled FlashInfer and sglang wheels from pinned, patched "
+        "upstream sources. Usually run through nox (nox -l lists the sessions).",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     sub = commands.add_parser("vendor", help="fetch, verify, unpack and patch the upstreams")

@@ -72,8 +72,9 @@ def _store(built: Path, entry: Path, extra: dict[str, str] | None = None) -> Pat
     return entry / built.name
 
 
-def vendor_all(layout: Layout, pins: Pins) -> None:
-    for name in sorted(pins.upstreams):
+def vendor_all(layout: Layout, pins: Pins, names: list[str] | None = None) -> None:
+    """Fetch, verify, unpack and patch the named upstreams (default: all pinned)."""
+    for name in names or sorted(pins.upstreams):
         upstream = pins.upstream(name)
         sdist = fetch.fetch_sdist(upstream, layout.sdists)
         vendor.vendor_upstream(upstream, sdist, layout.patches / name, layout.vendor / name)
