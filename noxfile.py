@@ -115,9 +115,11 @@ def verify_gpu(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def bench_gpu(session: nox.Session) -> None:
-    """Benchmark fused allreduce+residual+RMSNorm against NCCL all_reduce + separate
-    residual+RMSNorm, one rank per GPU (needs >= 2 GPUs). Runs like verify_gpu, in the Python
-    nox runs from, after installing wheelhouse/'s FlashInfer wheels there.
+    """Benchmark fused vs NCCL+separate allreduce/residual/RMSNorm, one rank per GPU (>= 2).
+
+    Compares trtllm_allreduce_fusion with NCCL all_reduce followed by a separate residual add
+    and RMSNorm. Runs like verify_gpu, in the Python nox runs from, after installing
+    wheelhouse/'s FlashInfer wheels there.
     Options after --: --world-size N (repeatable), --replays N, --json FILE.
     """
     wheels = sorted(str(p) for p in (ROOT / "wheelhouse").glob("flashinfer_*.whl"))
@@ -125,7 +127,10 @@ def bench_gpu(session: nox.Session) -> None:
         session.error("wheelhouse/ lacks the FlashInfer wheels: run `nox -s build_wheels` first")
     session.run(sys.executable, "-m", "pip", "install", "--no-deps", *wheels)
     session.run(
-        sys.executable, "-m", "sm120_build.bench_gpu", *session.posargs,
+        sys.executable,
+        "-m",
+        "sm120_build.bench_gpu",
+        *session.posargs,
         env={"FLASHINFER_DISABLE_JIT": "1", "PYTHONPATH": str(ROOT / "src")},
     )
 
