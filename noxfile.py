@@ -91,6 +91,22 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "sm120_build.bench", *session.posargs)
 
 
+def _run_on_this_node(session: nox.Session, module: str) -> None:
+    """Install wheelhouse/'s FlashInfer wheels (no dependencies) into the Python nox runs
+    from, then run `module` there with JIT compilation disabled."""
+    wheels = sorted(str(p) for p in (ROOT / "wheelhouse").glob("flashinfer_*.whl"))
+    if len(wheels) != 2:
+        session.error("wheelhouse/ lacks the FlashInfer wheels: run `nox -s build_wheels` first")
+    session.run(sys.executable, "-m", "pip", "install", "--no-deps", *wheels)
+    session.run(
+        sys.executable,
+        "-m",
+        module,
+        *session.posargs,
+        env={"FLASHINFER_DISABLE_JIT": "1", "PYTHONPATH": str(ROOT / "src")},
+    )
+
+
 @nox.session(venv_backend="none")
 def verify_gpu(session: nox.Session) -> None:
     """Check wheelhouse/'s trtllm_comm on every local GPU; two ranks share a single GPU.
@@ -100,17 +116,7 @@ def verify_gpu(session: nox.Session) -> None:
     wheels there without dependencies, then checks them with FLASHINFER_DISABLE_JIT=1.
     Options after --: --world-size N, --json FILE.
     """
-    wheels = sorted(str(p) for p in (ROOT / "wheelhouse").glob("flashinfer_*.whl"))
-    if len(wheels) != 2:
-        session.error("wheelhouse/ lacks the FlashInfer wheels: run `nox -s build_wheels` first")
-    session.run(sys.executable, "-m", "pip", "install", "--no-deps", *wheels)
-    session.run(
-        sys.executable,
-        "-m",
-        "sm120_build.verify",
-        *session.posargs,
-        env={"FLASHINFER_DISABLE_JIT": "1", "PYTHONPATH": str(ROOT / "src")},
-    )
+    _run_on_this_node(session, "sm120_build.verify")
 
 
 @nox.session(venv_backend="none")
@@ -122,17 +128,7 @@ def bench_gpu(session: nox.Session) -> None:
     wheelhouse/'s FlashInfer wheels there.
     Options after --: --world-size N (repeatable), --replays N, --json FILE.
     """
-    wheels = sorted(str(p) for p in (ROOT / "wheelhouse").glob("flashinfer_*.whl"))
-    if len(wheels) != 2:
-        session.error("wheelhouse/ lacks the FlashInfer wheels: run `nox -s build_wheels` first")
-    session.run(sys.executable, "-m", "pip", "install", "--no-deps", *wheels)
-    session.run(
-        sys.executable,
-        "-m",
-        "sm120_build.bench_gpu",
-        *session.posargs,
-        env={"FLASHINFER_DISABLE_JIT": "1", "PYTHONPATH": str(ROOT / "src")},
-    )
+    _run_on_this_node(session, "sm120_build.bench_gpu")
 
 
 @nox.session
