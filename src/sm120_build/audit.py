@@ -551,10 +551,14 @@ def classify(findings: list[Finding], waivers: list[Waiver]) -> Report:
 # --- running it on the trees -----------------------------------------------------------------
 
 
-def removing_patch(tree: Path, base: str, patches: list[str], finding: Finding) -> str | None:
-    """The first patch (vendor commit after `base`) whose cumulative diff touches the line."""
-    commits = git(tree, "rev-list", "--reverse", f"{base}..HEAD").stdout.split()
-    for commit, patch in zip(commits, patches, strict=False):
+def removing_patch(
+    tree: Path, base: str, patch_commits: list[tuple[str, str]], finding: Finding
+) -> str | None:
+    """The first patch whose commit's cumulative diff from `base` touches the line.
+
+    patch_commits: (vendor commit, patch file name) for each commit above `base`, in order.
+    """
+    for commit, patch in patch_commits:
         diff = git(tree, "diff", "-U0", base, commit, "--", finding.file).stdout
         for start, count in re.findall(r"^@@ -(\d+)(?:,(\d+))? ", diff, re.MULTILINE):
             first, length = int(start), int(count or 1)
@@ -597,9 +601,11 @@ def audit(
                 audited.resolve(), tree.name, toolkit if has_device_code else None, whole_tree
             )
             if pristine:
+                commits = git(tree, "rev-list", "--reverse", f"{state.base}..HEAD").stdout.split()
                 series = series_names(patches_root / tree.name)
+                patch_commits = list(zip(commits, series, strict=False))
                 found = [
-                    replace(f, removed_by=removing_patch(tree, state.base, series, f))
+                    replace(f, removed_by=removing_patch(tree, state.base, patch_commits, f))
                     for f in found
                 ]
             findings += found
