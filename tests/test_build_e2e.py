@@ -204,7 +204,9 @@ def test_sglang_pins_are_met_by_what_we_ship(builds) -> None:
     by_name = {r.name.replace("_", "-"): r for r in requirements}
     ours = parse_wheel_filename(wheel_of(builds[0], "flashinfer_python").name)[1]
     assert by_name["flashinfer-python"].specifier.contains(ours)
-    assert by_name["flashinfer-cubin"].specifier.contains(PINS.companions["flashinfer-cubin"])
+    assert by_name["flashinfer-cubin"].specifier.contains(
+        PINS.companions["flashinfer-cubin"].version
+    )
 
 
 def test_no_op_rebuild_takes_seconds_and_sglang_patch_does_not_recompile(builds) -> None:
@@ -268,7 +270,7 @@ def node(builds, tmp_path_factory: pytest.TempPathFactory) -> Path:
             "install",
             "--quiet",
             *wheels,
-            f"flashinfer-cubin=={PINS.companions['flashinfer-cubin']}",
+            f"flashinfer-cubin=={PINS.companions['flashinfer-cubin'].version}",
             "torch==2.13.0",
         ],
         check=True,

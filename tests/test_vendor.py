@@ -9,6 +9,7 @@ from sm120_build.gitrepo import commit_message, git, head
 from sm120_build.vendor import (
     PatchAlreadyApplied,
     PatchConflict,
+    continue_series,
     export_patches,
     read_state,
     unpack_sdist,
@@ -77,7 +78,7 @@ def test_local_edits_are_never_destroyed(two_patches) -> None:
     make_patch(
         series / "0002-second.patch", "src/code.txt", LINES, 14, "changed", "second change"
     )  # stale inputs would normally rebuild
-    with pytest.raises(UserError, match=r"uncommitted edits.*export_patches"):
+    with pytest.raises(UserError, match=r"edited, untracked or ignored(?s:.*)export_patches"):
         vendor_upstream(upstream, sdist, series, tree)
     assert (tree / "src/code.txt").read_text() == "my work\n"
 
@@ -108,7 +109,8 @@ def test_drifted_context_names_patch_file_and_hunk(two_patches) -> None:
     # Left at the last patch that applied, with nothing half-applied.
     assert len(git(tree, "log", "--format=%H").stdout.split()) == 2
     assert git(tree, "status", "--porcelain").stdout == ""
-    assert read_state(tree).inputs is None
+    state = read_state(tree)
+    assert not state.complete and state.stopped_at == "0002-second.patch"
 
 
 def test_already_applied_patch_is_reported_as_such(demo) -> None:
@@ -167,20 +169,30 @@ def test_export_refuses_a_commit_without_a_dep3_header(two_patches) -> None:
         export_patches(upstream, tree, series)
 
 
+def files_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
 @pytest.mark.parametrize(
     ("members", "top", "complaint"),
     [
         ({"../evil.txt": "x"}, "", "unsafe path"),
-        ({"/etc/evil": "x"}, "", "unsafe path"),
-        ({"demo-1.0/a/../../evil": "x"}, "", "unsafe path"),
+        ({"/tmp/evil.txt": "x"}, "", "unsafe path"),
+        ({"demo-1.0/a/../../evil.txt": "x"}, "", "unsafe path"),
+        ({"demo-1.0/.git/hooks/post-commit": "#!/bin/sh\n"}, "", "may not ship .git"),
+        ({"./": "", "demo-1.0/a": "x"}, "", "names no path"),
     ],
 )
-def test_unsafe_tarball_paths_are_refused(tmp_path: Path, members, top, complaint) -> None:
+def test_unsafe_tarball_members_are_refused(tmp_path: Path, members, top, complaint) -> None:
+    # Unpacking happens in a scratch directory beside the destination: `..` from there is
+    # tmp_path/work itself, so that whole tree must stay as it was.
+    work = tmp_path / "work"
+    work.mkdir()
     tarball = make_tarball(tmp_path / "bad.tar.gz", members, top=top)
     with pytest.raises(UserError, match=complaint):
-        unpack_sdist(tarball, tmp_path / "out")
-    assert not (tmp_path / "out").exists()
-    assert not (tmp_path.parent / "evil.txt").exists()
+        unpack_sdist(tarball, work / "out")
+    assert files_under(work) == []
+    assert not Path("/tmp/evil.txt").exists()
 
 
 def test_links_pointing_outside_are_refused(tmp_path: Path) -> None:
@@ -195,3 +207,158 @@ def test_links_pointing_outside_are_refused(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"points outside the tree"):
         unpack_sdist(tarball, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+# --- the patch round trip never loses work ------------------------------------------------
+
+
+@pytest.fixture
+def three_patches(demo, tmp_path: Path):
+    upstream, sdist, series = demo(LINES)
+    patches = [
+        make_patch(series / "0001-first.patch", "src/code.txt", LINES, 1, "LINE 2", "first"),
+        make_patch(series / "0002-second.patch", "src/code.txt", LINES, 9, "LINE 10", "second"),
+        make_patch(series / "0003-third.patch", "src/code.txt", LINES, 17, "LINE 18", "third"),
+    ]
+    write_series(series, *patches)
+    return upstream, sdist, series, tmp_path / "vendor" / "demo"
+
+
+def stop_at_second(upstream, sdist, series: Path, tree: Path) -> None:
+    """Make 0002 drift so the series stops there, as after an upstream bump."""
+    drifted = [*LINES[:11], "context upstream changed", *LINES[12:]]
+    make_patch(series / "0002-second.patch", "src/code.txt", drifted, 9, "LINE 10", "second")
+    with pytest.raises(PatchConflict, match=r"--continue demo"):
+        vendor_upstream(upstream, sdist, series, tree)
+
+
+def commit_refresh(tree: Path, subject: str, old: str, new: str) -> None:
+    code = tree / "src/code.txt"
+    code.write_text(code.read_text().replace(old, new))
+    git(tree, "commit", "-qam", f"Description: {subject}\nAuthor: me\nForwarded: no\n")
+
+
+def test_export_refuses_a_series_that_stopped_part_way(three_patches) -> None:
+    upstream, sdist, series, tree = three_patches
+    stop_at_second(upstream, sdist, series, tree)
+    before = {p.name: p.read_bytes() for p in series.iterdir()}
+    with pytest.raises(UserError, match=r"stopped part-way.*0002-second.*0003-third"):
+        export_patches(upstream, tree, series)
+    # Refreshing the stopped patch in the middle does not make export safe either.
+    commit_refresh(tree, "second", "line 10", "LINE 10")
+    with pytest.raises(UserError, match=r"stopped part-way"):
+        export_patches(upstream, tree, series)
+    assert {p.name: p.read_bytes() for p in series.iterdir()} == before
+
+
+def test_continue_after_a_refresh_then_export_keeps_every_patch(three_patches) -> None:
+    upstream, sdist, series, tree = three_patches
+    stop_at_second(upstream, sdist, series, tree)
+    commit_refresh(tree, "second", "line 10", "LINE 10")
+    continue_series(upstream, series, tree)
+    assert "LINE 18" in (tree / "src/code.txt").read_text()
+    # Refreshed but not exported: a plain vendor must not throw it away.
+    with pytest.raises(UserError, match=r"refreshed patches that are not in patches/"):
+        vendor_upstream(upstream, sdist, series, tree)
+    assert export_patches(upstream, tree, series) == [
+        "0001-first.patch",
+        "0002-second.patch",
+        "0003-third.patch",
+    ]
+    third = (series / "0003-third.patch").read_text()
+    assert third.startswith("Description: third\n") and "\n+LINE 18\n" in third
+    assert vendor_upstream(upstream, sdist, series, tree) is False
+
+
+def test_export_refuses_when_patches_changed_since_vendoring(three_patches) -> None:
+    upstream, sdist, series, tree = three_patches
+    vendor_upstream(upstream, sdist, series, tree)
+    edited = (series / "0003-third.patch").read_text().replace("Why this", "My edit: why this")
+    (series / "0003-third.patch").write_text(edited)
+    with pytest.raises(UserError, match=r"patches/demo changed since vendor/demo was made"):
+        export_patches(upstream, tree, series)
+    assert (series / "0003-third.patch").read_text() == edited
+
+
+def test_export_never_deletes_a_patch_file_it_does_not_replace(three_patches) -> None:
+    upstream, sdist, series, tree = three_patches
+    vendor_upstream(upstream, sdist, series, tree)
+    git(tree, "reset", "--quiet", "--hard", "HEAD~1")  # drop the third patch's commit
+    assert export_patches(upstream, tree, series) == ["0001-first.patch", "0002-second.patch"]
+    assert (series / "series").read_text() == "0001-first.patch\n0002-second.patch\n"
+    assert (series / "0003-third.patch").is_file()
+
+
+def test_export_refuses_duplicate_subjects(three_patches) -> None:
+    upstream, sdist, series, tree = three_patches
+    vendor_upstream(upstream, sdist, series, tree)
+    before = {p.name: p.read_bytes() for p in series.iterdir()}
+    commit_refresh(tree, "first", "line 5", "LINE 5")
+    with pytest.raises(UserError, match=r"several commits with the subject 'first'"):
+        export_patches(upstream, tree, series)
+    assert {p.name: p.read_bytes() for p in series.iterdir()} == before
+
+
+def test_export_uses_each_old_name_once_and_never_overwrites_a_left_file(three_patches) -> None:
+    upstream, sdist, series, tree = three_patches
+    vendor_upstream(upstream, sdist, series, tree)
+    third = (series / "0003-third.patch").read_bytes()
+    git(tree, "reset", "--quiet", "--hard", "HEAD~1")
+    # A new patch whose subject makes the same file name as the dropped 0003-third.patch.
+    commit_refresh(tree, "Third!", "line 20", "LINE 20")
+    names = export_patches(upstream, tree, series)
+    assert names == ["0001-first.patch", "0002-second.patch", "0003-third-2.patch"]
+    assert (series / "0003-third.patch").read_bytes() == third
+    assert len(set(names)) == len(names)
+
+
+def test_rebuild_refuses_to_delete_files_hidden_by_global_excludes(
+    two_patches, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upstream, sdist, series, tree = two_patches
+    config = tmp_path / "xdg"
+    (config / "git").mkdir(parents=True)
+    (config / "git" / "ignore").write_text(".idea/\n*.local\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    vendor_upstream(upstream, sdist, series, tree)
+    (tree / ".idea").mkdir()
+    (tree / ".idea" / "workspace.xml").write_text("<mine/>\n")
+    (tree / "notes.local").write_text("mine\n")
+    make_patch(series / "0002-second.patch", "src/code.txt", LINES, 14, "other", "second change")
+    with pytest.raises(UserError, match=r"(?s)\.idea/workspace\.xml.*notes\.local"):
+        vendor_upstream(upstream, sdist, series, tree)
+    assert (tree / ".idea" / "workspace.xml").read_text() == "<mine/>\n"
+    assert (tree / "notes.local").is_file()
+
+
+def test_half_made_first_vendor_is_detected_and_rebuilt(two_patches) -> None:
+    upstream, sdist, series, tree = two_patches
+    # What an interrupt between unpacking and the first commit left, and a scratch tree.
+    tree.parent.mkdir(parents=True)
+    unpack_sdist(sdist, tree)
+    git(tree, "init", "--quiet")
+    (tree.parent / ".tmp-demo-abc123").mkdir()
+    assert vendor_upstream(upstream, sdist, series, tree)
+    assert read_state(tree).complete
+    assert [p.name for p in tree.parent.iterdir()] == ["demo"]
+
+
+def test_damaged_state_file_is_a_clear_error(two_patches) -> None:
+    upstream, sdist, series, tree = two_patches
+    vendor_upstream(upstream, sdist, series, tree)
+    (tree / ".git" / "sm120-build.json").write_text('{"inputs": ')
+    with pytest.raises(UserError, match=r"sm120-build.json is damaged"):
+        vendor_upstream(upstream, sdist, series, tree)
+
+
+def test_git_hooks_in_a_vendor_tree_never_run(three_patches, tmp_path: Path) -> None:
+    upstream, sdist, series, tree = three_patches
+    stop_at_second(upstream, sdist, series, tree)
+    marker = tmp_path / "hook-ran"
+    hook = tree / ".git" / "hooks" / "post-commit"
+    hook.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    hook.chmod(0o755)
+    git(tree, "config", "core.fsmonitor", f"touch {marker} #")
+    commit_refresh(tree, "second", "line 10", "LINE 10")
+    continue_series(upstream, series, tree)  # commits 0003 in this tree
+    assert not marker.exists()

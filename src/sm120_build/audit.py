@@ -16,7 +16,6 @@ import fnmatch
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -26,13 +25,9 @@ from .build import TRTLLM_COMM_CUDA_FLAGS, TRTLLM_COMM_DEFINES, TRTLLM_COMM_SOUR
 from .errors import UserError
 from .gitrepo import export_tree, git
 from .patches import series_names
+from .pins import read_toml
 from .toolkit import Toolkit
 from .vendor import read_state
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 REFERENCE_ARCH = "100a"  # an arch upstream's trtllm_comm supports
 TARGET_ARCH = "120a"
@@ -97,16 +92,26 @@ class Waiver:
         )
 
 
+_WAIVER_KEYS = ("upstream", "file", "condition", "reason")
+
+
 def load_waivers(path: Path) -> list[Waiver]:
     if not path.is_file():
         return []
-    data = tomllib.loads(path.read_text())
+    entries = read_toml(path).get("waiver", [])
+    if not isinstance(entries, list):
+        raise UserError(f"{path}: waivers are [[waiver]] tables; `waiver` is not a list of them")
     waivers = []
-    for number, entry in enumerate(data.get("waiver", []), start=1):
-        missing = [k for k in ("upstream", "file", "condition", "reason") if not entry.get(k)]
+    for number, entry in enumerate(entries, start=1):
+        if not isinstance(entry, dict):
+            raise UserError(
+                f"{path}: waiver {number} is {entry!r}, not a table with "
+                f"{', '.join(_WAIVER_KEYS)}; write it as a [[waiver]] table"
+            )
+        missing = [k for k in _WAIVER_KEYS if not isinstance(entry.get(k), str) or not entry[k]]
         if missing:
-            raise UserError(f"{path}: waiver {number} lacks {', '.join(missing)}")
-        waivers.append(Waiver(**{k: entry[k] for k in ("upstream", "file", "condition", "reason")}))
+            raise UserError(f"{path}: waiver {number} lacks {', '.join(missing)} (strings)")
+        waivers.append(Waiver(**{k: entry[k] for k in _WAIVER_KEYS}))
     return waivers
 
 

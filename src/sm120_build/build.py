@@ -7,21 +7,22 @@ CMake's compile_commands.json so the wheel can record them.
 
 from __future__ import annotations
 
-import fcntl
+import importlib.metadata
 import json
 import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
-import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cache import exclusive_lock
 from .console import step
 from .errors import UserError
 from .gitrepo import export_tree
@@ -57,8 +58,10 @@ _ARCH = re.compile(r"^(\d+)\.(\d)([af]?)$")
 
 # nvcc names each translation unit's internal namespace after a hash of the source file's
 # real path (_INTERNAL_<hash>_..., seen with CUDA 13.0; --frandom-seed does not change it).
-# So sources are compiled from this one fixed path, on every machine, under a lock.
-FIXED_SOURCE_DIR = Path("/tmp/sm120-build/flashinfer")
+# So sources are compiled from a path that depends only on the build's inputs: the same on
+# every machine for the same inputs, different for different inputs. Literally /tmp, not
+# $TMPDIR, for that reason.
+SOURCE_ROOT = Path("/tmp")
 
 
 @dataclass(frozen=True, order=True)
@@ -170,19 +173,55 @@ def _symbolic(argv: list[str], replacements: dict[str, str]) -> list[str]:
     return result
 
 
+# License texts of what the .so is compiled from that ship in the sources (kernel/licenses
+# holds those that do not: CUTLASS's and spdlog's).
+LICENSE_TEXTS = {
+    "LICENSE": "FlashInfer-LICENSE.txt",
+    "3rdparty/spdlog/include/spdlog/fmt/bundled/fmt.license.rst": "fmt-LICENSE.rst",
+}
+
+
+def add_license_texts(sources: Path, licenses: Path) -> None:
+    """Copy the license texts of FlashInfer, fmt and tvm-ffi into the wheel's licenses/."""
+    for source, name in LICENSE_TEXTS.items():
+        if not (sources / source).is_file():
+            raise UserError(f"the flashinfer sources lack {source}, whose text the wheel ships")
+        shutil.copyfile(sources / source, licenses / name)
+    tvm_ffi = importlib.metadata.distribution("apache-tvm-ffi")
+    for file in tvm_ffi.files or []:
+        if file.parent.name == "licenses" and file.name in ("LICENSE", "NOTICE"):
+            shutil.copyfile(Path(str(file.locate())), licenses / f"tvm-ffi-{file.name}.txt")
+
+
+def _private_directory(path: Path) -> None:
+    """Create `path` mode 0700, or accept it only when it already is ours and private:
+    /tmp is shared, and whoever owns the directory owns what gets compiled."""
+    with suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise UserError(
+            f"{path} exists but is not a private directory of this user (it must be a real "
+            "directory, owned by you, mode 0700). Someone else may have made it: remove it, "
+            "or investigate, before building."
+        )
+
+
 @contextmanager
-def sources_at_fixed_path(flashinfer_tree: Path) -> Iterator[Path]:
-    """The committed flashinfer tree, exported to FIXED_SOURCE_DIR for the build's duration."""
-    FIXED_SOURCE_DIR.parent.mkdir(parents=True, exist_ok=True)
-    with open(FIXED_SOURCE_DIR.parent / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time uses the fixed path
+def sources_at_fixed_path(flashinfer_tree: Path, inputs_digest: str) -> Iterator[Path]:
+    """The committed flashinfer tree, exported for the build's duration to a private
+    directory named after the inputs; builds of the same inputs take turns."""
+    directory = SOURCE_ROOT / f"sm120-build-{inputs_digest[:16]}"
+    _private_directory(directory)
+    sources = directory / "flashinfer"
+    with exclusive_lock(directory / "lock", "another build of the same inputs"):
         try:
-            if FIXED_SOURCE_DIR.exists():
-                shutil.rmtree(FIXED_SOURCE_DIR)
-            export_tree(flashinfer_tree, FIXED_SOURCE_DIR)
-            yield FIXED_SOURCE_DIR
+            if sources.exists():
+                shutil.rmtree(sources)
+            export_tree(flashinfer_tree, sources)
+            yield sources
         finally:
-            shutil.rmtree(FIXED_SOURCE_DIR, ignore_errors=True)
+            shutil.rmtree(sources, ignore_errors=True)
 
 
 def build_jit_cache_wheel(
@@ -192,25 +231,24 @@ def build_jit_cache_wheel(
     archs: list[Arch],
     toolkit: Toolkit,
     version: str,
-    build_dir: Path,
+    inputs_digest: str,
+    scratch: Path,
     out_dir: Path,
 ) -> KernelBuild:
-    """Build flashinfer-jit-cache `version` into out_dir; build_dir is wiped first.
+    """Build flashinfer-jit-cache `version` into out_dir, in a build tree under `scratch`.
 
     `flashinfer_tree` must be the committed vendor tree: its HEAD is what gets compiled.
+    `inputs_digest` names the private source directory (see SOURCE_ROOT).
     """
-    if build_dir.exists():
-        shutil.rmtree(build_dir)
-    with (
-        sources_at_fixed_path(flashinfer_tree) as sources,
-        tempfile.TemporaryDirectory(prefix="jit-cache-project-") as scratch,
-    ):
-        project = Path(scratch) / "flashinfer-jit-cache"
+    build_dir = scratch / "build"
+    with sources_at_fixed_path(flashinfer_tree, inputs_digest) as sources:
+        project = scratch / "flashinfer-jit-cache"
         ignore = shutil.ignore_patterns("__pycache__", "_build_meta.py")
         shutil.copytree(kernel_project, project, ignore=ignore)
         (project / "flashinfer_jit_cache" / "_build_meta.py").write_text(
             f'__version__ = "{version}"\n'
         )
+        add_license_texts(sources, project / "licenses")
         prefix_maps = [f"{sources}=flashinfer", *(f"{d}=tvm_ffi" for d in tvm_ffi_include_dirs())]
         defines = {
             "FLASHINFER_SOURCE_DIR": str(sources),

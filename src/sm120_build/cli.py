@@ -6,16 +6,25 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 
 from . import audit, build, pins, pipeline, publish, toolkit, vendor
+from .cache import cache_lock
 from .console import say
 from .errors import UserError
 from .layout import Layout, repo_root
 
 
 def _vendor(layout: Layout, args: argparse.Namespace) -> None:
-    pipeline.vendor_all(layout, pins.load(layout.pins_file), args.names)
+    pinned = pins.load(layout.pins_file)
+    if args.continue_:
+        for name in args.names or sorted(pinned.upstreams):
+            vendor.continue_series(
+                pinned.upstream(name), layout.patches / name, layout.vendor / name
+            )
+        return
+    pipeline.vendor_all(layout, pinned, args.names)
 
 
 def _build_wheels(layout: Layout, args: argparse.Namespace) -> None:
@@ -68,20 +77,37 @@ def build_parser() -> argparse.ArgumentParser:
         description="Build SM120-enabled FlashInfer and sglang wheels from pinned, patched "
         "upstream sources. Usually run through nox (nox -l lists the sessions).",
     )
+    # Every sub-command takes --verbose, so `nox -s NAME -- --verbose` works.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--verbose", action="store_true", help="show the traceback of an unexpected error"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    sub = commands.add_parser("vendor", help="fetch, verify, unpack and patch the upstreams")
+    sub = commands.add_parser(
+        "vendor", parents=[common], help="fetch, verify, unpack and patch the upstreams"
+    )
     sub.add_argument("names", nargs="*", help="upstreams to vendor (default: all in pins.toml)")
-    sub.set_defaults(run=_vendor)
+    sub.add_argument(
+        "--continue",
+        dest="continue_",
+        action="store_true",
+        help="after a patch did not apply and its refresh is committed in vendor/NAME, "
+        "apply the rest of the series",
+    )
+    sub.set_defaults(run=_vendor, locks_cache=True)
 
     sub = commands.add_parser(
-        "export-patches", help="regenerate patches/<name>/ from the commits in vendor/<name>"
+        "export-patches",
+        parents=[common],
+        help="regenerate patches/<name>/ from the commits in vendor/<name>",
     )
     sub.add_argument("names", nargs="*", help="upstreams to export (default: all)")
-    sub.set_defaults(run=_export_patches)
+    sub.set_defaults(run=_export_patches, locks_cache=True)
 
     sub = commands.add_parser(
         "build-wheels",
+        parents=[common],
         help="vendor, compile trtllm_comm ahead of time and write the wheels to wheelhouse/",
     )
     sub.add_argument(
@@ -97,10 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="use this system CUDA toolkit instead of the pinned pip toolkit",
     )
-    sub.set_defaults(run=_build_wheels)
+    sub.set_defaults(run=_build_wheels, locks_cache=True)
 
     sub = commands.add_parser(
-        "audit-gates", help="find arch gates that exclude SM120 (device code and Python)"
+        "audit-gates",
+        parents=[common],
+        help="find arch gates that exclude SM120 (device code and Python)",
     )
     sub.add_argument(
         "--pristine",
@@ -115,10 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="path: the allreduce-fusion path, fails on a gate (default); "
         "all: the whole trees, report only",
     )
-    sub.set_defaults(run=_audit_gates)
+    sub.set_defaults(run=_audit_gates, locks_cache=True)
 
     sub = commands.add_parser(
-        "publish", help="upload wheelhouse/ with twine and verify it, or write a static index"
+        "publish",
+        parents=[common],
+        help="upload wheelhouse/ with twine and verify it, or write a static index",
     )
     target = sub.add_mutually_exclusive_group(required=True)
     target.add_argument("--repository-url", metavar="URL", help="upload endpoint")
@@ -132,15 +162,32 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument(
         "--index-url", metavar="URL", help="the index's simple API, read back after uploading"
     )
-    sub.set_defaults(run=_publish)
+    sub.set_defaults(run=_publish, locks_cache=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.run(Layout.from_root(repo_root()), args)
-    except (UserError, FileNotFoundError) as exc:
+        layout = Layout.from_root(repo_root())
+        # Everything that writes into the cache or vendor/ takes the cache's lock first.
+        with cache_lock(layout.cache) if args.locks_cache else nullcontext():
+            args.run(layout, args)
+    except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted; the next run cleans up what this one left", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        # A failure nobody anticipated: one line by default, the traceback on request
+        # (pypa/build does the same).
+        if args.verbose:
+            raise
+        print(
+            f"error: unexpected {type(exc).__name__}: {exc}\n"
+            "This is a bug in sm120-build; run again with --verbose for the traceback.",
+            file=sys.stderr,
+        )
+        return 2
     return 0

@@ -7,24 +7,16 @@ that does not match is discarded before anything else sees it.
 
 from __future__ import annotations
 
-import hashlib
 import os
+import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+from .cache import scratch_directory, sha256_of
 from .console import say
 from .errors import UserError
 from .pins import Upstream
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def cached_sdist_path(upstream: Upstream, sdists: Path) -> Path:
@@ -41,8 +33,14 @@ def fetch_sdist(upstream: Upstream, sdists: Path) -> Path:
         target.unlink()
 
     sdists.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="download-", dir=sdists) as scratch:
+    with scratch_directory(sdists, "download") as scratch:
         say(f"fetching {upstream.project}=={upstream.version} (sdist) through pip")
+        # pip checks the hash right after downloading, before it unpacks the sdist or runs
+        # its build backend, so an sdist that does not match the pin never runs.
+        requirements = scratch / "requirements.txt"
+        requirements.write_text(
+            f"{upstream.project}=={upstream.version} --hash=sha256:{upstream.sha256}\n"
+        )
         command = [
             sys.executable,
             "-m",
@@ -52,33 +50,43 @@ def fetch_sdist(upstream: Upstream, sdists: Path) -> Path:
             "--no-deps",
             "--no-binary",
             upstream.project,
-            f"{upstream.project}=={upstream.version}",
+            "--require-hashes",
+            "--requirement",
+            str(requirements),
             "--dest",
-            scratch,
+            str(scratch / "out"),
         ]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
+            if "THESE PACKAGES DO NOT MATCH THE HASHES" in result.stderr:
+                raise UserError(
+                    f"sha256 mismatch for {upstream.project}=={upstream.version}: the index "
+                    f"serves a file whose hash is not the pinned {upstream.sha256}.\n"
+                    f"{_hash_lines(result.stderr)}\n"
+                    "pip refused it before unpacking or running anything. Fix the index, or "
+                    "the pin in pins.toml."
+                )
             raise UserError(
                 f"pip could not download {upstream.project}=={upstream.version}:\n"
                 f"{result.stderr.strip()}\n"
                 "Check that pip reaches your package index (pip config list)."
             )
-        downloaded = Path(scratch) / upstream.sdist
+        downloaded = scratch / "out" / upstream.sdist
         if not downloaded.is_file():
-            got = ", ".join(sorted(os.listdir(scratch))) or "nothing"
+            got = ", ".join(sorted(os.listdir(scratch / "out"))) or "nothing"
             raise UserError(
                 f"pip downloaded {got}, not the pinned {upstream.sdist}; "
                 "check the sdist file name in pins.toml"
             )
-        actual = sha256_of(downloaded)
-        if actual != upstream.sha256:
-            raise UserError(
-                f"sha256 mismatch for {upstream.sdist}:\n"
-                f"  expected {upstream.sha256}\n"
-                f"  actual   {actual}\n"
-                "The download was discarded. Your index serves a different file under this "
-                "name; fix the index or the pin in pins.toml."
-            )
+        if sha256_of(downloaded) != upstream.sha256:  # pip checked it; so do we
+            raise UserError(f"{downloaded.name} does not match its pin after download")
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(downloaded, target)
     return target
+
+
+def _hash_lines(stderr: str) -> str:
+    """pip's 'Expected sha256 ... Got ...' lines, which name both hashes."""
+    return "\n".join(
+        line.rstrip() for line in stderr.splitlines() if re.match(r"\s+(Expected|Got) ", line)
+    )

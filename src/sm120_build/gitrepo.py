@@ -36,9 +36,18 @@ def git_environment(repo: Path) -> dict[str, str]:
     return env
 
 
+# Hooks and fsmonitor are programs git would run on our behalf; a vendor tree holds
+# downloaded content, so git runs nothing but itself.
+_SAFE_OPTIONS = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
+
+
 def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        ["git", *args], cwd=repo, env=git_environment(repo), capture_output=True, text=True
+        ["git", *_SAFE_OPTIONS, *args],
+        cwd=repo,
+        env=git_environment(repo),
+        capture_output=True,
+        text=True,
     )
     if check and result.returncode != 0:
         raise UserError(f"git {' '.join(args)} failed in {repo}:\n{result.stderr.strip()}")
@@ -51,23 +60,25 @@ def commit_message(repo: Path, commit: str) -> str:
     return raw.split("\n\n", 1)[1]
 
 
-def is_dirty(repo: Path) -> bool:
-    return bool(git(repo, "status", "--porcelain", "--untracked-files=all").stdout.strip())
-
-
 def head(repo: Path) -> str:
     return git(repo, "rev-parse", "HEAD").stdout.strip()
 
 
 def export_tree(tree: Path, destination: Path, revision: str = "HEAD") -> None:
     """Copy a committed state of a vendor tree (without .git) to destination."""
-    archive = subprocess.run(
-        ["git", "archive", "--format=tar", revision],
+    result = subprocess.run(
+        ["git", *_SAFE_OPTIONS, "archive", "--format=tar", revision],
         cwd=tree,
         env=git_environment(tree),
         capture_output=True,
-        check=True,
-    ).stdout
+    )
+    if result.returncode != 0:
+        raise UserError(
+            f"git archive {revision} failed in {tree}:\n"
+            f"{result.stderr.decode(errors='replace').strip()}\n"
+            f"Check that {tree} is a vendor tree (`nox -s vendor` makes it)."
+        )
+    archive = result.stdout
     destination.mkdir(parents=True)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(destination, filter="data")

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import UserError
+
 CACHE_ENV = "SM120_CACHE_DIR"
 
 
@@ -54,4 +56,4 @@ def repo_root() -> Path:
     for candidate in (here, *here.parents):
         if (candidate / "pins.toml").is_file():
             return candidate
-    raise FileNotFoundError("pins.toml not found: run this from the project checkout")
+    raise UserError("pins.toml not found here or above: run this from the project checkout")

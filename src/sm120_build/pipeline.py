@@ -10,12 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from . import audit, build, fetch, toolkit, vendor, wheels
+from .cache import scratch_directory, sha256_of, store_entry, verified_entry
 from .console import say
 from .errors import UserError
 from .layout import Layout
@@ -47,28 +47,30 @@ def _upstream_record(layout: Layout, upstream: Upstream) -> dict[str, object]:
         "patches": [
             {
                 "file": str(patch.path.relative_to(layout.root)),
-                "sha256": fetch.sha256_of(patch.path),
+                "sha256": sha256_of(patch.path),
             }
             for patch in load_series(layout.patches / upstream.name)
         ],
     }
 
 
-def _cached(entry: Path) -> Path | None:
-    found = sorted(entry.glob("*.whl")) if entry.is_dir() else []
+def _cached_wheel(entry: Path, what: str) -> Path | None:
+    """The wheel of a cache entry that still matches its manifest."""
+    if verified_entry(entry, what) is None:
+        return None
+    found = sorted(entry.glob("*.whl"))
     return found[0] if len(found) == 1 else None
 
 
 def _store(built: Path, entry: Path, extra: dict[str, str] | None = None) -> Path:
-    """Move a fresh wheel (and side files) into its cache entry in one rename."""
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".entry-", dir=entry.parent))
-    shutil.move(built, staging / built.name)
-    for name, text in (extra or {}).items():
-        (staging / name).write_text(text)
-    if entry.exists():
-        shutil.rmtree(entry)
-    staging.rename(entry)
+    """Move a fresh wheel (and side files) into its cache entry, with a manifest."""
+    with scratch_directory(entry.parent, "entry") as scratch:
+        staging = scratch / "entry"
+        staging.mkdir()
+        shutil.move(built, staging / built.name)
+        for name, text in (extra or {}).items():
+            (staging / name).write_text(text)
+        store_entry(staging, entry)
     return entry / built.name
 
 
@@ -80,11 +82,17 @@ def vendor_all(layout: Layout, pins: Pins, names: list[str] | None = None) -> No
         vendor.vendor_upstream(upstream, sdist, layout.patches / name, layout.vendor / name)
 
 
-def _vendor_label(layout: Layout, upstream: Upstream) -> str:
+def _vendor_inputs(layout: Layout, upstream: Upstream) -> str:
+    """The digest of the sdist and patches a current vendor tree was made from."""
     state = vendor.read_state(layout.vendor / upstream.name)
-    assert state is not None and state.inputs is not None, "vendor_all runs first"
+    if state is None or not state.complete:
+        raise UserError(f"vendor/{upstream.name} is not complete; run `nox -s vendor`")
+    return state.inputs
+
+
+def _vendor_label(layout: Layout, upstream: Upstream) -> str:
     # "p" keeps the segment from being all digits, which PEP 440 would renormalise.
-    return f"sm120.p{state.inputs[:8]}"
+    return f"sm120.p{_vendor_inputs(layout, upstream)[:8]}"
 
 
 def check_gates(layout: Layout, pins: Pins, cuda: toolkit.Toolkit) -> None:
@@ -92,7 +100,7 @@ def check_gates(layout: Layout, pins: Pins, cuda: toolkit.Toolkit) -> None:
 
     The verdict is cached under a digest of the trees' inputs, the waivers and the audit
     code, so an unchanged re-run does not preprocess again."""
-    inputs = [vendor.read_state(layout.vendor / name).inputs for name in sorted(pins.upstreams)]
+    inputs = [_vendor_inputs(layout, pins.upstream(name)) for name in sorted(pins.upstreams)]
     waivers_text = layout.waivers_file.read_text() if layout.waivers_file.is_file() else ""
     key = _digest(
         "audit",
@@ -154,17 +162,19 @@ def build_jit_cache(
         _files_digest([PACKAGE_DIR / "build.py", PACKAGE_DIR / "toolkit.py"]),
     )
     entry = layout.cache / "artifacts" / "jit-cache" / key
-    wheel = _cached(entry)
+    wheel = _cached_wheel(entry, f"flashinfer-jit-cache {version}")
     if wheel is None:
-        with tempfile.TemporaryDirectory(dir=layout.cache) as scratch:
+        with scratch_directory(layout.cache, "kernel-build") as scratch:
+            (scratch / "out").mkdir()
             result = build.build_jit_cache_wheel(
                 flashinfer_tree=layout.vendor / "flashinfer",
                 kernel_project=layout.kernel_project,
                 archs=archs,
                 toolkit=cuda,
                 version=version,
-                build_dir=layout.cache / "kernel-build",
-                out_dir=Path(scratch),
+                inputs_digest=_digest(version, _vendor_inputs(layout, upstream)),
+                scratch=scratch,
+                out_dir=scratch / "out",
             )
             wheel = _store(
                 result.wheel, entry, {"compile_commands.json": json.dumps(result.compile_commands)}
@@ -199,12 +209,10 @@ def _python_wheel(
         _files_digest([PACKAGE_DIR / "pipeline.py", PACKAGE_DIR / "wheels.py"]),
     )
     entry = layout.cache / "artifacts" / upstream.name / key
-    wheel = _cached(entry)
+    wheel = _cached_wheel(entry, f"{upstream.project} {version}")
     if wheel is None:
-        with tempfile.TemporaryDirectory(dir=layout.cache) as scratch:
-            built = wheels.build_python_wheel(
-                layout.vendor / upstream.name, Path(scratch), env, prepare
-            )
+        with scratch_directory(layout.cache, "wheel") as scratch:
+            built = wheels.build_python_wheel(layout.vendor / upstream.name, scratch, env, prepare)
             wheel = _store(built, entry)
     else:
         say(f"{upstream.project} {version}: reusing the cached wheel")
@@ -266,9 +274,7 @@ def build_wheels(
     lap("toolkit")
     check_gates(layout, pins, cuda)
     lap("gate audit")
-    layout.cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="final-", dir=layout.cache) as scratch:
-        final_dir = Path(scratch)
+    with scratch_directory(layout.cache, "final") as final_dir:
         built = [build_jit_cache(layout, pins, archs, cuda, source, final_dir)]
         lap("compile + jit-cache wheel")
         built.append(build_flashinfer_python(layout, pins, final_dir))

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from .cache import sha256_of
 from .console import say
 from .errors import UserError
-from .fetch import sha256_of
 
 READ_TIMEOUT = 30  # seconds for one request to the index
 

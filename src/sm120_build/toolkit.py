@@ -10,13 +10,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cache import scratch_directory, store_entry, verified_entry
 from .console import step
 from .errors import UserError
 
@@ -37,15 +36,29 @@ class Toolkit:
         return f"cu{self.version[0]}{self.version[1]}"
 
 
+def _nvcc_output(nvcc: Path, option: str) -> str:
+    try:
+        result = subprocess.run([nvcc, option], capture_output=True, text=True)
+    except OSError as exc:
+        raise UserError(f"cannot run {nvcc}: {exc.strerror}; is it an executable nvcc?") from None
+    if result.returncode != 0:
+        raise UserError(
+            f"`{nvcc} {option}` exited with status {result.returncode}:\n"
+            f"{(result.stderr or result.stdout).strip()}"
+        )
+    return result.stdout
+
+
 def probe(home: Path) -> Toolkit:
     nvcc = home / "bin" / "nvcc"
     if not nvcc.is_file():
         raise UserError(f"{nvcc} does not exist; --cuda-home must name a CUDA toolkit root")
-    version_text = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
-    match = re.search(r"release (\d+)\.(\d+), V([\d.]+)", version_text)
+    if not os.access(nvcc, os.X_OK):
+        raise UserError(f"{nvcc} is not executable; --cuda-home must name a CUDA toolkit root")
+    match = re.search(r"release (\d+)\.(\d+), V([\d.]+)", _nvcc_output(nvcc, "--version"))
     if match is None:
         raise UserError(f"cannot read the CUDA version from `{nvcc} --version`")
-    codes = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True).stdout
+    codes = _nvcc_output(nvcc, "--list-gpu-code")
     return Toolkit(
         home=home,
         version=(int(match.group(1)), int(match.group(2))),
@@ -81,16 +94,18 @@ def _cudart_major(cuda_root: Path) -> str:
 
 
 def pip_toolkit(requirement: str, cache: Path) -> Toolkit:
-    """Install `requirement` into the cache once, and return its shimmed CUDA_HOME."""
+    """Install `requirement` into the cache once, and return its shimmed CUDA_HOME.
+
+    The entry is checked against its manifest on every reuse; a damaged one is reinstalled.
+    """
     key = hashlib.sha256(requirement.encode()).hexdigest()[:16]
-    root = cache / "toolkits" / key
-    if not (root / "home" / "bin" / "nvcc").exists():
-        root.parent.mkdir(parents=True, exist_ok=True)
+    entry = cache / "toolkits" / key
+    if verified_entry(entry, f"CUDA toolkit {requirement}") is None:
         with (
-            step(f"installing {requirement} into {root} (about 270 MB, once)"),
-            tempfile.TemporaryDirectory(dir=root.parent) as scratch,
+            step(f"installing {requirement} into {entry} (about 270 MB, once)"),
+            scratch_directory(entry.parent, "toolkit") as scratch,
         ):
-            site = Path(scratch) / "site"
+            site = scratch / "entry" / "site"
             result = subprocess.run(
                 [
                     sys.executable,
@@ -110,8 +125,6 @@ def pip_toolkit(requirement: str, cache: Path) -> Toolkit:
             cuda_roots = sorted(site.glob("nvidia/cu*"))
             if len(cuda_roots) != 1:
                 raise UserError(f"{requirement} installed no single nvidia/cu*/ tree")
-            _make_shim(cuda_roots[0], Path(scratch) / "home")
-            if root.exists():
-                shutil.rmtree(root)
-            Path(scratch).rename(root)
-    return probe(root / "home")
+            _make_shim(cuda_roots[0], scratch / "entry" / "home")
+            store_entry(scratch / "entry", entry)
+    return probe(entry / "home")

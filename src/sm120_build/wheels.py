@@ -22,9 +22,9 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 
 from .build import pip_wheel_command
+from .cache import sha256_of
 from .console import step
 from .errors import UserError
-from .fetch import sha256_of
 from .gitrepo import export_tree
 
 PROVENANCE_FILE = "sm120-build.json"
