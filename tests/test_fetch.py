@@ -79,3 +79,27 @@ def test_unknown_project_is_a_clear_error(local_index: Path, tmp_path: Path) -> 
     upstream = replace(fixture_upstream(local_index / "demo-1.0.tar.gz"), project="nope")
     with pytest.raises(UserError, match=r"pip could not download nope==1.0"):
         fetch_sdist(upstream, tmp_path / "cache")
+
+
+def test_hostile_sdist_with_the_wrong_hash_never_runs(
+    local_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index serves a different sdist under the pinned name, whose setup.py would write
+    outside any build directory. pip must refuse it on the hash before running anything."""
+    honest = fixture_upstream(local_index / "demo-1.0.tar.gz")
+    marker = tmp_path / "setup-py-ran"
+    hostile = {
+        "PKG-INFO": SETUP["PKG-INFO"],
+        "setup.py": f"open({str(marker)!r}, 'w').write('ran')\n"
+        "from setuptools import setup\nsetup(name='demo', version='1.0')\n",
+    }
+    served = tmp_path / "hostile-links"
+    served.mkdir()
+    make_tarball(served / "demo-1.0.tar.gz", hostile)
+    monkeypatch.setenv("PIP_FIND_LINKS", str(served))
+    cache = tmp_path / "cache"
+    with pytest.raises(UserError, match=r"sha256 mismatch for demo-1.0.tar.gz") as caught:
+        fetch_sdist(honest, cache)
+    assert honest.sha256 in str(caught.value)
+    assert not marker.exists()
+    assert [p for p in cache.rglob("*") if p.is_file()] == []

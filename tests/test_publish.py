@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import hashlib
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -30,9 +32,14 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def index(tmp_path: Path):
-    """pypiserver started and stopped by process id; uploads need uploader:PASSWORD."""
+def index(tmp_path: Path, request: pytest.FixtureRequest):
+    """pypiserver started and stopped by process id; uploads need uploader:PASSWORD, and so
+    does reading when the test is marked `private_index`."""
     from passlib.apache import HtpasswdFile
+
+    authenticate = (
+        "update,download,list" if request.node.get_closest_marker("private_index") else "update"
+    )
 
     packages = tmp_path / "served"
     packages.mkdir()
@@ -57,7 +64,7 @@ def index(tmp_path: Path):
             "--passwords",
             str(tmp_path / "htpasswd"),
             "--authenticate",
-            "update",
+            authenticate,
             str(packages),
         ],
         stdout=log,
@@ -68,6 +75,8 @@ def index(tmp_path: Path):
     while True:
         try:
             urllib.request.urlopen(f"{base}/simple/", timeout=2).close()
+            break
+        except urllib.error.HTTPError:  # up, and asking for credentials
             break
         except OSError:
             if time.monotonic() > deadline or server.poll() is not None:
@@ -109,7 +118,7 @@ def project(tmp_path: Path) -> Path:
         small_wheel(scratch, "alpha_pkg", "1.0+sm120.pabc12345"),
         small_wheel(scratch, "beta_pkg", "2.0"),
     ]
-    assemble_wheelhouse(wheels, root / "wheelhouse")
+    assemble_wheelhouse(wheels, [], root / "wheelhouse")
     return root
 
 
@@ -198,13 +207,16 @@ def test_same_name_other_content_is_refused(project: Path, index, tmp_path: Path
     result = publish(project, "--repository-url", index.upload, "--index-url", index.simple)
     assert result.returncode == 1
     assert tampered.name in result.stderr and "other content" in result.stderr
-    import hashlib
 
     assert hashlib.sha256(other.read_bytes()).hexdigest() in result.stderr
     assert hashlib.sha256(tampered.read_bytes()).hexdigest() in result.stderr
     # alpha_pkg sorts first: nothing after it was uploaded, and the summary says so.
     assert not list(index.packages.glob("beta_pkg-*"))
     assert "beta_pkg-2.0-py3-none-any.whl: NOT on the index" in result.stderr
+    other_sha = hashlib.sha256(other.read_bytes()).hexdigest()
+    assert f"{tampered.name}: on the index with OTHER content (sha256 {other_sha})" in (
+        result.stderr
+    )
 
 
 def test_wrong_password_is_a_clear_auth_error_and_uploads_nothing(project: Path, index) -> None:
@@ -226,7 +238,54 @@ def test_server_not_running_is_a_clear_connection_error(project: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}/"
     result = publish(project, "--repository-url", url, "--index-url", url + "simple/")
     assert result.returncode == 1
-    assert "cannot reach" in result.stderr and "Connection refused" in result.stderr
+    assert f"from http://127.0.0.1:{url.split(':')[2].rstrip('/')}" in result.stderr
+    assert "Connection refused" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.private_index
+def test_read_back_from_an_index_that_needs_auth_authenticates_like_twine(
+    project: Path, index
+) -> None:
+    anonymous = urllib.request.Request(index.simple + "alpha-pkg/")
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        urllib.request.urlopen(anonymous, timeout=10)
+    result = publish(project, "--repository-url", index.upload, "--index-url", index.simple)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count(": uploaded") == 2
+
+
+def test_silent_server_times_out_and_is_named(project: Path, index) -> None:
+    """A server that accepts the connection and never answers."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/"
+        started = time.monotonic()
+        result = publish(
+            project, "--repository-url", url, "--index-url", index.simple, "--timeout", "3"
+        )
+        elapsed = time.monotonic() - started
+    assert result.returncode == 1
+    assert f"to {url.rstrip('/')} got no answer within 3 s" in result.stderr
+    assert elapsed < 60
+    assert "Traceback" not in result.stderr
+
+
+def test_credentials_in_a_url_are_refused(project: Path, index) -> None:
+    url = index.upload.replace("http://", f"http://uploader:{PASSWORD}@")
+    result = publish(project, "--repository-url", url, "--index-url", index.simple)
+    assert result.returncode == 1
+    assert "TWINE_USERNAME" in result.stderr
+    assert PASSWORD not in result.stderr
+    assert list(index.packages.iterdir()) == []
+
+
+def test_malformed_sha256sums_is_a_clear_error(project: Path, tmp_path: Path) -> None:
+    (project / "wheelhouse" / "SHA256SUMS").write_text("not a checksum line\n")
+    result = publish(project, "--static", str(tmp_path / "static"))
+    assert result.returncode == 1
+    assert "SHA256SUMS:1 is not '<sha256>  <file name>'" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -260,6 +319,47 @@ def test_static_index_installs_with_pip(project: Path, tmp_path: Path) -> None:
     installed = fresh_install(project, (static / "simple").as_uri() + "/", tmp_path)
     for name, version in required_versions(project).items():
         assert installed[name] == version
+
+
+def test_static_index_merges_and_keeps_what_was_there(project: Path, tmp_path: Path) -> None:
+    static = tmp_path / "mirror"
+    (static / "packages").mkdir(parents=True)
+    (static / "simple" / "gamma-pkg").mkdir(parents=True)
+    other_project = small_wheel(tmp_path, "gamma_pkg", "0.1")
+    shutil.copyfile(other_project, static / "packages" / other_project.name)
+    (static / "simple" / "gamma-pkg" / "index.html").write_text("<a href='x'>kept</a>\n")
+    assert publish(project, "--static", str(static)).returncode == 0
+    earlier = sorted(p.name for p in (static / "packages").iterdir())
+
+    # A newer alpha build joins the earlier one instead of replacing the tree.
+    newer = tmp_path / "newer"
+    (newer / "scratch").mkdir(parents=True)
+    shutil.copy(REPO / "pins.toml", newer)
+    newer_wheel = small_wheel(newer / "scratch", "alpha_pkg", "1.1")
+    assemble_wheelhouse([newer_wheel], [], newer / "wheelhouse")
+    assert publish(newer, "--static", str(static)).returncode == 0
+    names = sorted(p.name for p in (static / "packages").iterdir())
+    assert set(earlier) < set(names)
+    assert "alpha_pkg-1.1-py3-none-any.whl" in names
+    page = (static / "simple" / "alpha-pkg" / "index.html").read_text()
+    assert "alpha_pkg-1.0" in page and "alpha_pkg-1.1" in page
+    assert (static / "simple" / "gamma-pkg" / "index.html").read_text() == "<a href='x'>kept</a>\n"
+    root_page = (static / "simple" / "index.html").read_text()
+    assert all(f'href="{p}/"' in root_page for p in ("alpha-pkg", "beta-pkg", "gamma-pkg"))
+
+
+def test_static_index_refuses_other_content_under_a_name_and_writes_nothing(
+    project: Path, tmp_path: Path
+) -> None:
+    static = tmp_path / "mirror"
+    assert publish(project, "--static", str(static)).returncode == 0
+    (alpha,) = (static / "packages").glob("alpha_pkg-*.whl")
+    alpha.write_bytes(b"something else")
+    before = {p: p.read_bytes() for p in static.rglob("*") if p.is_file()}
+    result = publish(project, "--static", str(static))
+    assert result.returncode == 1
+    assert "already exists with other content" in result.stderr
+    assert {p: p.read_bytes() for p in static.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.slow

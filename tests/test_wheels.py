@@ -1,6 +1,11 @@
 """Arch parsing, toolkit checks, wheel finalisation and the atomic wheelhouse."""
 
+import base64
+import csv
 import hashlib
+import io
+import os
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -9,13 +14,15 @@ import pytest
 from sm120_build.build import Arch, check_archs
 from sm120_build.errors import UserError
 from sm120_build.toolkit import Toolkit
+from sm120_build.pins import Companion
 from sm120_build.wheels import (
     PROVENANCE_FILE,
-    _record_hash,
     assemble_wheelhouse,
     finalize_wheel,
-    glibc_requirement,
+    manylinux_tag,
 )
+
+CUBIN = Companion("flashinfer-cubin", "0.6.3", ("ab" * 32,))
 
 
 def cuda(version: tuple[int, int], *codes: str) -> Toolkit:
@@ -58,7 +65,7 @@ def make_wheel(path: Path, files: dict[str, bytes]) -> Path:
     return path
 
 
-def demo_wheel(directory: Path) -> Path:
+def demo_wheel(directory: Path, extra: dict[str, bytes] | None = None) -> Path:
     return make_wheel(
         directory / "demo-1.0-py3-none-linux_x86_64.whl",
         {
@@ -66,6 +73,7 @@ def demo_wheel(directory: Path) -> Path:
             "demo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
             "demo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nTag: py3-none-linux_x86_64\n",
             "demo-1.0.dist-info/RECORD": b"",
+            **(extra or {}),
         },
     )
 
@@ -74,23 +82,32 @@ def test_finalize_is_deterministic_and_records_provenance(tmp_path: Path) -> Non
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     provenance = {"upstream": {"sha256": "ab" * 32}, "archs": ["12.0a"]}
+    extra = {"demo/data/a,b.txt": b"comma", "demo/run.sh": b"#!/bin/sh\n"}
     first = finalize_wheel(
-        demo_wheel(tmp_path), tmp_path / "a", provenance, "manylinux_2_34_x86_64"
+        demo_wheel(tmp_path, extra), tmp_path / "a", provenance, "manylinux_2_34_x86_64"
     )
     second = finalize_wheel(
-        demo_wheel(tmp_path), tmp_path / "b", provenance, "manylinux_2_34_x86_64"
+        demo_wheel(tmp_path, extra), tmp_path / "b", provenance, "manylinux_2_34_x86_64"
     )
     assert first.name == "demo-1.0-py3-none-manylinux_2_34_x86_64.whl"
     assert first.read_bytes() == second.read_bytes()
     with zipfile.ZipFile(first) as archive:
         assert b"Tag: py3-none-manylinux_2_34_x86_64" in archive.read("demo-1.0.dist-info/WHEEL")
         assert b'"12.0a"' in archive.read(f"demo-1.0.dist-info/{PROVENANCE_FILE}")
-        record = archive.read("demo-1.0.dist-info/RECORD").decode().splitlines()
-        for line in record:
-            name, digest, _ = line.split(",")
-            if name.endswith("RECORD"):
+        for info in archive.infolist():
+            assert info.date_time == (1980, 1, 1, 0, 0, 0), info.filename
+            assert info.external_attr >> 16 == 0o100644, info.filename
+        rows = list(csv.reader(io.StringIO(archive.read("demo-1.0.dist-info/RECORD").decode())))
+        listed = {row[0]: row for row in rows}
+        assert sorted(listed) == sorted(archive.namelist())
+        assert listed["demo-1.0.dist-info/RECORD"] == ["demo-1.0.dist-info/RECORD", "", ""]
+        for name, digest, size in rows:
+            if name.endswith("/RECORD"):
                 continue
-            assert digest == _record_hash(archive.read(name)), name
+            data = archive.read(name)
+            expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            assert digest == "sha256=" + expected.decode(), name
+            assert int(size) == len(data), name
         assert archive.namelist()[-1].startswith("demo-1.0.dist-info/")
 
 
@@ -99,7 +116,7 @@ def test_assemble_replaces_wheelhouse_with_sums_and_hashes(tmp_path: Path) -> No
     wheelhouse = tmp_path / "wheelhouse"
     wheelhouse.mkdir()
     (wheelhouse / "stale.whl").write_text("old")
-    assemble_wheelhouse([wheel], wheelhouse)
+    assemble_wheelhouse([wheel], [CUBIN], wheelhouse)
     assert sorted(p.name for p in wheelhouse.iterdir()) == [
         "SHA256SUMS",
         "demo-1.0-py3-none-linux_x86_64.whl",
@@ -107,9 +124,9 @@ def test_assemble_replaces_wheelhouse_with_sums_and_hashes(tmp_path: Path) -> No
     ]
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     assert (wheelhouse / "SHA256SUMS").read_text() == f"{digest}  {wheel.name}\n"
-    assert (
-        f"demo==1.0 \\\n    --hash=sha256:{digest}" in (wheelhouse / "requirements.txt").read_text()
-    )
+    requirements = (wheelhouse / "requirements.txt").read_text()
+    assert f"demo==1.0 \\\n    --hash=sha256:{digest}" in requirements
+    assert f"flashinfer-cubin==0.6.3 \\\n    --hash=sha256:{'ab' * 32}" in requirements
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".wheelhouse-")]
 
 
@@ -118,11 +135,58 @@ def test_failed_assembly_leaves_the_old_wheelhouse(tmp_path: Path) -> None:
     wheelhouse.mkdir()
     (wheelhouse / "kept.whl").write_text("old")
     with pytest.raises(FileNotFoundError):
-        assemble_wheelhouse([tmp_path / "missing-1.0-py3-none-any.whl"], wheelhouse)
+        assemble_wheelhouse([tmp_path / "missing-1.0-py3-none-any.whl"], [], wheelhouse)
     assert [p.name for p in wheelhouse.iterdir()] == ["kept.whl"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".wheelhouse-")]
 
 
-def test_glibc_requirement_reads_symbol_versions() -> None:
-    major, minor = glibc_requirement(Path("/bin/ls"))
-    assert major == 2 and minor >= 17
+def test_failure_at_the_swap_puts_the_old_wheelhouse_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injection at the one rename that matters: the new wheelhouse into place, after
+    the old one was moved aside."""
+    wheel = finalize_wheel(demo_wheel(tmp_path), tmp_path, {})
+    wheelhouse = tmp_path / "wheelhouse"
+    wheelhouse.mkdir()
+    (wheelhouse / "kept.whl").write_text("old")
+    real_rename = os.rename
+
+    def failing_rename(source: object, target: object) -> None:
+        if Path(str(target)) == wheelhouse and ".wheelhouse-new-" in str(source):
+            raise OSError(28, "No space left on device")
+        real_rename(source, target)
+
+    monkeypatch.setattr(os, "rename", failing_rename)
+    with pytest.raises(OSError, match="No space left"):
+        assemble_wheelhouse([wheel], [], wheelhouse)
+    assert [p.name for p in wheelhouse.iterdir()] == ["kept.whl"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".wheelhouse-")]
+
+
+def shared_library_wheel(tmp_path: Path, source: str) -> Path:
+    """A wheel holding a shared library compiled from `source` with the system gcc."""
+    tmp_path.mkdir()
+    (tmp_path / "lib.c").write_text(source)
+    library = tmp_path / "libfixture.so"
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", str(library), str(tmp_path / "lib.c")], check=True
+    )
+    wheel = demo_wheel(tmp_path, {"demo/libfixture.so": library.read_bytes()})
+    (tmp_path / "final").mkdir()
+    return finalize_wheel(wheel, tmp_path / "final", {})
+
+
+def test_manylinux_tag_follows_the_newest_symbol_version_the_binary_needs(tmp_path: Path) -> None:
+    """arc4random exists from glibc 2.36 on (the build machine's glibc): a library calling it
+    needs manylinux_2_36; one calling nothing newer than memcpy gets an older tag."""
+    modern = shared_library_wheel(
+        tmp_path / "modern",
+        "#include <stdlib.h>\nunsigned pick(void) { return arc4random(); }\n",
+    )
+    assert manylinux_tag(modern) == "manylinux_2_36_x86_64"
+    plain = shared_library_wheel(
+        tmp_path / "plain",
+        "#include <string.h>\nvoid copy(char *a, const char *b, size_t n) { memcpy(a, b, n); }\n",
+    )
+    major, minor = (int(x) for x in manylinux_tag(plain).split("_")[1:3])
+    assert (major, minor) < (2, 36)

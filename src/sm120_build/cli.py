@@ -68,7 +68,9 @@ def _publish(layout: Layout, args: argparse.Namespace) -> None:
         return
     if not args.index_url:
         raise UserError("--index-url is required: the simple index to read the upload back from")
-    publish.publish(layout.wheelhouse, args.repository_url, args.repository, args.index_url)
+    publish.publish(
+        layout.wheelhouse, args.repository_url, args.repository, args.index_url, args.timeout
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,6 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_argument(
         "--index-url", metavar="URL", help="the index's simple API, read back after uploading"
+    )
+    sub.add_argument(
+        "--timeout",
+        type=float,
+        default=publish.DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="give up on an index that does not answer a request or an upload in this time "
+        f"(default {publish.DEFAULT_TIMEOUT})",
     )
     sub.set_defaults(run=_publish, locks_cache=False)
     return parser

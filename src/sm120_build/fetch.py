@@ -60,8 +60,9 @@ def fetch_sdist(upstream: Upstream, sdists: Path) -> Path:
         if result.returncode != 0:
             if "THESE PACKAGES DO NOT MATCH THE HASHES" in result.stderr:
                 raise UserError(
-                    f"sha256 mismatch for {upstream.project}=={upstream.version}: the index "
-                    f"serves a file whose hash is not the pinned {upstream.sha256}.\n"
+                    f"sha256 mismatch for {upstream.sdist} ({upstream.project}=="
+                    f"{upstream.version}): the index serves a file whose hash is not the "
+                    f"pinned {upstream.sha256}.\n"
                     f"{_hash_lines(result.stderr)}\n"
                     "pip refused it before unpacking or running anything. Fix the index, or "
                     "the pin in pins.toml."

@@ -182,8 +182,7 @@ def build_jit_cache(
     else:
         say(f"trtllm_comm for {', '.join(str(a) for a in archs)}: reusing the cached build")
     commands = json.loads((entry / "compile_commands.json").read_text())
-    with wheels.extracted_member(wheel, "trtllm_comm.so") as binary:
-        platform_tag = wheels.manylinux_tag(binary)
+    platform_tag = wheels.manylinux_tag(wheel)
     provenance = {
         **_upstream_record(layout, upstream),
         "toolkit": {"cuda": cuda.full_version, "source": toolkit_source},
@@ -281,7 +280,7 @@ def build_wheels(
         lap("flashinfer-python wheel")
         built.append(build_sglang(layout, pins, final_dir))
         lap("sglang wheel")
-        wheels.assemble_wheelhouse(built, layout.wheelhouse)
+        wheels.assemble_wheelhouse(built, list(pins.companions.values()), layout.wheelhouse)
         lap("wheelhouse")
     for wheel in built:
         say(f"wheelhouse/{wheel.name}")

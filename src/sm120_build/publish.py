@@ -9,39 +9,51 @@ Credentials reach twine the way twine takes them (TWINE_USERNAME/TWINE_PASSWORD,
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import html
 import html.parser
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
 
 from .cache import sha256_of
 from .console import say
 from .errors import UserError
 
-READ_TIMEOUT = 30  # seconds for one request to the index
+DEFAULT_TIMEOUT = 120  # seconds: one request to the index, or one upload
 
 
-def redact(url: str) -> str:
-    """The URL without any user:password@ part, for messages."""
+def check_url(url: str, option: str) -> str:
+    """Refuse a URL with credentials in it: nox echoes its command line."""
     parts = urllib.parse.urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host += f":{parts.port}"
-    return urllib.parse.urlunsplit(parts._replace(netloc=host))
+    if parts.scheme not in ("http", "https", "file") or not (parts.netloc or parts.path):
+        raise UserError(f"{option} {url!r} is not an http(s) URL")
+    if parts.username is not None or parts.password is not None:
+        raise UserError(
+            f"{option} carries credentials in the URL, which nox prints with its command line. "
+            "Give them as TWINE_USERNAME/TWINE_PASSWORD, in a keyring or in ~/.pypirc."
+        )
+    return url
+
+
+def server_of(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 @dataclass(frozen=True)
@@ -56,7 +68,15 @@ def local_wheels(wheelhouse: Path) -> list[LocalWheel]:
     sums_file = wheelhouse / "SHA256SUMS"
     if not sums_file.is_file():
         raise UserError(f"{sums_file} is missing: run `nox -s build_wheels` first")
-    sums = dict(reversed(line.split("  ", 1)) for line in sums_file.read_text().splitlines())
+    sums: dict[str, str] = {}
+    for number, line in enumerate(sums_file.read_text().splitlines(), start=1):
+        match = re.fullmatch(r"([0-9a-f]{64})  (\S+)", line)
+        if match is None:
+            raise UserError(
+                f"{sums_file}:{number} is not '<sha256>  <file name>': {line[:80]!r}. "
+                "Rebuild the wheelhouse with `nox -s build_wheels`."
+            )
+        sums[match.group(2)] = match.group(1)
     wheels = []
     for path in sorted(wheelhouse.glob("*.whl")):
         digest = sha256_of(path)
@@ -81,24 +101,80 @@ class _Links(html.parser.HTMLParser):
             self.hrefs.append(href)
 
 
-def _get(url: str) -> bytes | None:
-    """GET url; None for 404. Network and HTTP failures become clear errors."""
-    try:
-        with urllib.request.urlopen(url, timeout=READ_TIMEOUT) as response:
-            return response.read()
-    except urllib.error.HTTPError as exc:
+@dataclass(frozen=True)
+class Reader:
+    """GETs from the index, authenticating like twine when the index asks (HTTP 401)."""
+
+    timeout: float
+    credentials: tuple[str, str] | None = None
+
+    def get(self, url: str) -> bytes | None:
+        """GET url; None for 404. Network and HTTP failures become clear errors."""
+        try:
+            return self._open(url, None)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 401 and self.credentials is not None:
+                return self._get_authenticated(url)
+            return self._failure(url, exc)
+
+    def _get_authenticated(self, url: str) -> bytes | None:
+        assert self.credentials is not None
+        token = base64.b64encode(":".join(self.credentials).encode()).decode()
+        try:
+            return self._open(url, f"Basic {token}")
+        except urllib.error.HTTPError as exc:
+            return self._failure(url, exc)
+
+    def _open(self, url: str, authorization: str | None) -> bytes:
+        request = urllib.request.Request(url)
+        if authorization is not None:
+            request.add_header("Authorization", authorization)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return bytes(response.read())
+        except urllib.error.HTTPError:
+            raise
+        except (urllib.error.URLError, TimeoutError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise UserError(
+                f"cannot read {url} from {server_of(url)}: {reason} (within {self.timeout:g} s)"
+            ) from None
+
+    @staticmethod
+    def _failure(url: str, exc: urllib.error.HTTPError) -> None:
         if exc.code == 404:
             return None
-        raise UserError(f"{redact(url)} answered HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, TimeoutError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise UserError(f"cannot reach {redact(url)}: {reason}") from None
+        hint = ""
+        if exc.code in (401, 403):
+            hint = (
+                "; the index wants credentials to read: give them as "
+                "TWINE_USERNAME/TWINE_PASSWORD, in a keyring or in ~/.pypirc"
+            )
+        raise UserError(f"{url} answered HTTP {exc.code} {exc.reason}{hint}") from None
 
 
-def served_files(index_url: str, project: str) -> dict[str, str]:
+def twine_credentials(repository_url: str | None, repository: str | None) -> tuple[str, str] | None:
+    """The username and password twine would use for this repository, if it has any."""
+    from twine import exceptions, settings
+
+    try:
+        resolved = settings.Settings(
+            repository_url=repository_url,
+            repository_name=repository or "pypi",
+            username=os.environ.get("TWINE_USERNAME"),
+            password=os.environ.get("TWINE_PASSWORD"),
+            non_interactive=True,
+        )
+        username, password = resolved.username, resolved.password
+    except exceptions.TwineException:
+        return None
+    return (username, password) if username and password else None
+
+
+def served_files(reader: Reader, index_url: str, project: str) -> dict[str, str]:
     """filename -> sha256 of what the index's simple page for `project` serves."""
     page_url = urllib.parse.urljoin(index_url.rstrip("/") + "/", f"{project}/")
-    page = _get(page_url)
+    page = reader.get(page_url)
     if page is None:
         return {}
     parser = _Links()
@@ -111,13 +187,15 @@ def served_files(index_url: str, project: str) -> dict[str, str]:
         if fragment.startswith("sha256="):
             files[name] = fragment.removeprefix("sha256=")
         else:
-            content = _get(path)
+            content = reader.get(path)
             files[name] = hashlib.sha256(content or b"").hexdigest()
     return files
 
 
-def _twine(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "twine", *args], capture_output=True, text=True)
+def _twine(*args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "twine", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _upload_failure(output: str) -> str:
@@ -141,8 +219,15 @@ def _upload_failure(output: str) -> str:
 
 
 def publish(
-    wheelhouse: Path, repository_url: str | None, repository: str | None, index_url: str
+    wheelhouse: Path,
+    repository_url: str | None,
+    repository: str | None,
+    index_url: str,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> None:
+    index_url = check_url(index_url, "--index-url")
+    if repository_url:
+        check_url(repository_url, "--repository-url")
     wheels = local_wheels(wheelhouse)
     check = _twine("check", *(str(w.path) for w in wheels))
     if check.returncode != 0:
@@ -153,14 +238,18 @@ def publish(
         if repository_url
         else ["--repository", repository or ""]
     )
+    reader = Reader(timeout, twine_credentials(repository_url, repository))
     status: dict[str, str] = {}
     try:
         for wheel in wheels:
-            served = served_files(index_url, wheel.project)
+            served = served_files(reader, index_url, wheel.project)
             if wheel.path.name in served:
                 if served[wheel.path.name] != wheel.sha256:
+                    status[wheel.path.name] = (
+                        f"on the index with OTHER content (sha256 {served[wheel.path.name]})"
+                    )
                     raise UserError(
-                        f"{redact(index_url)} already serves {wheel.path.name} with other "
+                        f"{index_url} already serves {wheel.path.name} with other "
                         f"content:\n  index sha256 {served[wheel.path.name]}\n"
                         f"  ours  sha256 {wheel.sha256}\n"
                         "Indexes do not allow replacing a file; nothing after it was uploaded."
@@ -168,20 +257,32 @@ def publish(
                 status[wheel.path.name] = "already there (identical), skipped"
                 continue
             say(f"uploading {wheel.path.name}")
-            upload = _twine(
-                "upload", "--non-interactive", "--disable-progress-bar", *target, str(wheel.path)
-            )
+            server = server_of(repository_url) if repository_url else f"repository {repository}"
+            try:
+                upload = _twine(
+                    "upload",
+                    "--non-interactive",
+                    "--disable-progress-bar",
+                    *target,
+                    str(wheel.path),
+                    timeout=timeout,
+                )
+            except subprocess.TimeoutExpired:
+                raise UserError(
+                    f"uploading {wheel.path.name} to {server} got no answer within "
+                    f"{timeout:g} s (--timeout); is the index up and answering?"
+                ) from None
             if upload.returncode != 0:
                 raise UserError(
-                    f"uploading {wheel.path.name} failed: "
+                    f"uploading {wheel.path.name} to {server} failed: "
                     f"{_upload_failure(upload.stdout + upload.stderr)}"
                 )
             status[wheel.path.name] = "uploaded"
         for wheel in wheels:
-            served = served_files(index_url, wheel.project)
+            served = served_files(reader, index_url, wheel.project)
             if served.get(wheel.path.name) != wheel.sha256:
                 raise UserError(
-                    f"after uploading, {redact(index_url)} serves {wheel.path.name} with "
+                    f"after uploading, {index_url} serves {wheel.path.name} with "
                     f"sha256 {served.get(wheel.path.name, 'nothing')}, not {wheel.sha256}"
                 )
     finally:
@@ -189,43 +290,76 @@ def publish(
 
 
 def _summary(wheels: list[LocalWheel], status: dict[str, str], index_url: str) -> None:
-    say(f"summary for {redact(index_url)}:")
+    say(f"summary for {index_url}:")
     for wheel in wheels:
         say(f"  {wheel.path.name}: {status.get(wheel.path.name, 'NOT on the index')}")
 
 
-def write_static_index(wheelhouse: Path, destination: Path) -> None:
-    """A PEP 503 tree (packages/ + simple/) that pip installs from over file:// or HTTP."""
-    wheels = local_wheels(wheelhouse)
-    if destination.exists() and not (destination / "simple").is_dir():
-        raise UserError(f"{destination} exists and is not a static index; choose another directory")
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}-", dir=destination.parent))
+def _project_of(file_name: str) -> str | None:
     try:
-        (staging / "packages").mkdir()
-        projects: dict[str, list[LocalWheel]] = {}
-        for wheel in wheels:
-            shutil.copyfile(wheel.path, staging / "packages" / wheel.path.name)
-            projects.setdefault(wheel.project, []).append(wheel)
-        root_links = []
-        for project, members in sorted(projects.items()):
-            (staging / "simple" / project).mkdir(parents=True)
-            links = "".join(
-                f'<a href="../../packages/{urllib.parse.quote(w.path.name)}#sha256={w.sha256}">'
-                f"{html.escape(w.path.name)}</a><br>\n"
-                for w in members
+        if file_name.endswith(".whl"):
+            return str(parse_wheel_filename(file_name)[0])
+        return str(parse_sdist_filename(file_name)[0])
+    except (InvalidWheelFilename, InvalidSdistFilename):
+        return None
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_bytes(data)
+    partial.chmod(0o644)
+    os.replace(partial, path)
+
+
+def write_static_index(wheelhouse: Path, destination: Path) -> None:
+    """Add the wheelhouse to a PEP 503 tree (packages/ + simple/) that pip installs from
+    over file:// or HTTP, creating it or merging into it.
+
+    Files already there stay: other projects, and our earlier versions. A file of the same
+    name with other content is refused before anything is written, as an index would. The
+    pages of the projects we add to are regenerated from packages/; the others are kept.
+    """
+    wheels = local_wheels(wheelhouse)
+    packages, simple = destination / "packages", destination / "simple"
+    if (
+        destination.exists()
+        and any(destination.iterdir())
+        and not (packages.is_dir() and simple.is_dir())
+    ):
+        raise UserError(
+            f"{destination} is neither empty nor a static index (packages/ + simple/); "
+            "choose another directory"
+        )
+    for wheel in wheels:
+        existing = packages / wheel.path.name
+        if existing.is_file() and sha256_of(existing) != wheel.sha256:
+            raise UserError(
+                f"{existing} already exists with other content:\n"
+                f"  index sha256 {sha256_of(existing)}\n  ours  sha256 {wheel.sha256}\n"
+                "An index never replaces a file; nothing was written. Bump the version "
+                "(a changed series does) or publish to another directory."
             )
-            (staging / "simple" / project / "index.html").write_text(_page(project, links))
-            root_links.append(f'<a href="{project}/">{project}</a><br>\n')
-        (staging / "simple" / "index.html").write_text(_page("Simple index", "".join(root_links)))
-        staging.chmod(0o755)
-        if destination.exists():
-            shutil.rmtree(destination)
-        os.replace(staging, destination)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    say(f"static index: {destination}/simple/ ({len(wheels)} wheels)")
+    packages.mkdir(parents=True, exist_ok=True)
+    simple.mkdir(exist_ok=True)
+    for directory in (destination, packages, simple):
+        directory.chmod(0o755)
+    for wheel in wheels:
+        if not (packages / wheel.path.name).is_file():
+            _write_atomically(packages / wheel.path.name, wheel.path.read_bytes())
+    for project in sorted({wheel.project for wheel in wheels}):
+        files = sorted(path for path in packages.iterdir() if _project_of(path.name) == project)
+        links = "".join(
+            f'<a href="../../packages/{urllib.parse.quote(path.name)}#sha256='
+            f'{sha256_of(path)}">{html.escape(path.name)}</a><br>\n'
+            for path in files
+        )
+        (simple / project).mkdir(exist_ok=True)
+        (simple / project).chmod(0o755)
+        _write_atomically(simple / project / "index.html", _page(project, links).encode())
+    projects = sorted(path.name for path in simple.iterdir() if path.is_dir())
+    root_links = "".join(f'<a href="{name}/">{name}</a><br>\n' for name in projects)
+    _write_atomically(simple / "index.html", _page("Simple index", root_links).encode())
+    say(f"static index: {simple}/ (added {len(wheels)} wheels; {len(projects)} projects)")
 
 
 def _page(title: str, body: str) -> str:

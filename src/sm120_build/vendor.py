@@ -254,6 +254,12 @@ def _check_untouched(tree: Path, label: str) -> VendorState:
             "header) and run `nox -s export_patches`; move other files away; or discard "
             f"everything with `git -C {label} reset --hard && git -C {label} clean -fdx`."
         )
+    if head(tree) != state.head and not state.complete:
+        raise UserError(
+            f"{label} has commits after its series stopped at {state.stopped_at}. Run "
+            f"`nox -s vendor -- --continue {tree.name}` to apply the rest of the series on "
+            f"top, or `rm -rf {label}` to discard them."
+        )
     if head(tree) != state.head:
         raise UserError(
             f"{label} has commits that are not in patches/ yet. Run `nox -s export_patches` to "
