@@ -8,6 +8,7 @@ nox -l                              every session, with its help
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,10 +24,38 @@ nox.options.sessions = ["build_wheels"]
 nox.options.reuse_existing_virtualenvs = True
 
 ROOT = Path(__file__).parent
-PINS = tomllib.loads((ROOT / "pins.toml").read_text())
-BUILD_REQUIREMENTS = PINS["build"]["requirements"]
-TEST_REQUIREMENTS = PINS["test"]["requirements"]
-PUBLISH_REQUIREMENTS = PINS["publish"]["requirements"]
+# Every Python that pyproject.toml's requires-python admits; the fast tests run on each.
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+
+
+def _tool_pins() -> dict[str, list[str]]:
+    """The tool pins of pins.toml by table; a broken pins.toml stops nox with one line."""
+    try:
+        data = tomllib.loads((ROOT / "pins.toml").read_text())
+        return {table: list(data[table]["requirements"]) for table in ("build", "test", "publish")}
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
+        sys.exit(f"nox: cannot read the tool pins in pins.toml ({type(exc).__name__}: {exc})")
+
+
+PINS = _tool_pins()
+BUILD_REQUIREMENTS, TEST_REQUIREMENTS, PUBLISH_REQUIREMENTS = (
+    PINS["build"],
+    PINS["test"],
+    PINS["publish"],
+)
+
+
+def _pyenv_interpreters() -> None:
+    """pyenv keeps all but one Python behind shims that fail; list every installed 3.x in
+    PYENV_VERSION so nox finds python3.10 ... python3.13 there too."""
+    if "PYENV_VERSION" in os.environ or not (Path.home() / ".pyenv" / "versions").is_dir():
+        return
+    current = subprocess.run(["pyenv", "version-name"], capture_output=True, text=True).stdout
+    versions = sorted(p.name for p in (Path.home() / ".pyenv" / "versions").glob("3.*"))
+    os.environ["PYENV_VERSION"] = ":".join(dict.fromkeys([current.strip(), *versions]))
+
+
+_pyenv_interpreters()
 # One relocatable cache for everything large: sdists, the CUDA toolkit, built wheels, and
 # pip's own downloads (torch, flashinfer-cubin) made by any session.
 CACHE = Path(os.environ.get("SM120_CACHE_DIR", ROOT / ".cache")).resolve()
@@ -133,14 +162,30 @@ def bench_gpu(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the test suite; pass pytest options after --, e.g. -- -m 'not slow'."""
-    _install_tool(session, *BUILD_REQUIREMENTS, *TEST_REQUIREMENTS, *PUBLISH_REQUIREMENTS, "pytest")
+    """Run the test suite; pass pytest options after --, e.g. -- -m 'not slow'.
+
+    Afterwards the fast tests run on every other Python the package claims (tests_fast).
+    """
+    _install_tool(session, *BUILD_REQUIREMENTS, *TEST_REQUIREMENTS, *PUBLISH_REQUIREMENTS)
     session.run("pytest", *session.posargs)
+    this = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for version in PYTHONS:
+        if version != this:
+            session.notify(f"tests_fast-{version}", ["-m", "not slow"])
+
+
+@nox.session(python=PYTHONS)
+def tests_fast(session: nox.Session) -> None:
+    """The fast tests on one claimed Python (nox -s tests queues each)."""
+    _install_tool(session, *BUILD_REQUIREMENTS, *TEST_REQUIREMENTS, *PUBLISH_REQUIREMENTS)
+    session.run("pytest", *(session.posargs or ["-m", "not slow"]))
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check."""
-    session.install("ruff")
+    """ruff check, ruff format --check, and mypy --strict on src/."""
+    session.install(*(r for r in TEST_REQUIREMENTS if r.startswith(("ruff", "mypy"))))
+    session.install("-e", ".")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("mypy")

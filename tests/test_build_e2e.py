@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
-from packaging.utils import parse_wheel_filename
+from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from sm120_build.pins import load as load_pins
 
@@ -91,11 +91,25 @@ def test_two_clean_builds_are_byte_identical(builds) -> None:
 def test_jit_cache_wheel_holds_only_the_module_and_its_api(builds) -> None:
     with zipfile.ZipFile(wheel_of(builds[0], "flashinfer_jit_cache")) as archive:
         package = sorted(n for n in archive.namelist() if ".dist-info/" not in n)
+        licenses = sorted(n.rsplit("/", 1)[1] for n in archive.namelist() if "/licenses/" in n)
+        metadata = next(
+            archive.read(n).decode() for n in archive.namelist() if n.endswith("/METADATA")
+        )
     assert package == [
         "flashinfer_jit_cache/__init__.py",
         "flashinfer_jit_cache/_build_meta.py",
         "flashinfer_jit_cache/jit_cache/trtllm_comm/trtllm_comm.so",
     ]
+    # PEP 639: the texts of everything compiled in, and the expression naming them.
+    assert licenses == [
+        "CUTLASS-LICENSE.txt",
+        "FlashInfer-LICENSE.txt",
+        "fmt-LICENSE.rst",
+        "spdlog-LICENSE.txt",
+        "tvm-ffi-LICENSE.txt",
+        "tvm-ffi-NOTICE.txt",
+    ]
+    assert "License-Expression: Apache-2.0 AND BSD-3-Clause AND MIT" in metadata
 
 
 def test_provenance_records_inputs_toolkit_archs_and_flags(builds, provenance) -> None:
@@ -145,7 +159,23 @@ def test_platform_tag_matches_the_binarys_glibc_needs(builds, shared_object: Pat
     ).stdout
     newest = max(int(m) for m in re.findall(r"GLIBC_2\.(\d+)", versions))
     tag = parse_wheel_filename(wheel_of(builds[0], "flashinfer_jit_cache").name)[3]
-    assert {t.platform for t in tag} == {f"manylinux_2_{max(newest, 17)}_x86_64"}
+    (platform,) = {t.platform for t in tag}
+    # auditwheel's policy also weighs GLIBCXX/CXXABI, so the tag is at least the glibc need.
+    major, minor = (int(part) for part in platform.split("_")[1:3])
+    assert major == 2 and minor >= max(newest, 17), platform
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "auditwheel",
+            "show",
+            str(wheel_of(builds[0], "flashinfer_jit_cache")),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert f'"{platform}"' in shown
 
 
 def cuda_tool(name: str) -> str:
@@ -405,3 +435,76 @@ def test_system_toolkit_that_cannot_build_the_arch_is_refused_before_compiling(
     assert "does not exist" in refused_build(root, "--cuda-home", str(tmp_path / "no-cuda"))
     assert "expected MAJOR.MINOR" in refused_build(root, "--arch", "sm_120")
     assert sorted(p.name for p in (root / "wheelhouse").iterdir()) == before
+
+
+def record_rows(wheel: Path) -> list[list[str]]:
+    """RECORD parsed by the csv module on its own, checked against the archive."""
+    import base64
+    import csv
+    import io
+
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/RECORD")]
+        rows = list(csv.reader(io.StringIO(archive.read(name).decode())))
+        assert all(len(row) == 3 for row in rows), wheel.name
+        assert sorted(row[0] for row in rows) == sorted(archive.namelist())
+        for path, digest, size in rows:
+            if path == name:
+                continue
+            data = archive.read(path)
+            expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            assert digest == f"sha256={expected.decode()}" and int(size) == len(data), path
+    return rows
+
+
+def test_every_wheel_has_a_valid_record(builds) -> None:
+    for project in ("flashinfer_jit_cache", "flashinfer_python", "sglang"):
+        rows = record_rows(wheel_of(builds[0], project))
+        if project == "sglang":  # sglang ships file names with commas; they must survive
+            assert any("," in row[0] for row in rows)
+
+
+def installed_versions(python: Path) -> dict[str, str]:
+    listing = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format=freeze"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {
+        canonicalize_name(name): version
+        for name, version in (line.split("==") for line in listing.split() if "==" in line)
+    }
+
+
+@pytest.mark.parametrize("installer", ["pip", "uv"])
+def test_node_command_installs_from_the_wheelhouse_alone(
+    builds, tmp_path: Path, installer: str
+) -> None:
+    """README's node command, as written: our wheels from the wheelhouse (--find-links),
+    flashinfer-cubin from the index pip is configured with, every file hash-checked."""
+    wheelhouse = builds[0] / "wheelhouse"
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin/python"
+    requirements = str(wheelhouse / "requirements.txt")
+    if installer == "pip":
+        command = [str(python), "-m", "pip", "install", "--quiet"]
+    else:
+        command = [sys.executable, "-m", "uv", "pip", "install", "--python", str(python)]
+    command += [
+        "--require-hashes",
+        "--no-deps",
+        "--find-links",
+        str(wheelhouse),
+        "-r",
+        requirements,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "RECORD" not in result.stderr  # pip warns about a bad RECORD; uv refuses
+    versions = installed_versions(python)
+    for line in Path(requirements).read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split(" ")[0].split("==")
+            assert versions[canonicalize_name(name)] == version, name

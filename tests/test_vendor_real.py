@@ -78,24 +78,65 @@ def test_cluster_sizes_are_clamped_by_the_driver(root: Path) -> None:
     assert "int cluster_size = 8;" not in (comm / "trtllm_moe_allreduce_fusion.cuh").read_text()
 
 
-def test_fp4_launcher_accepts_only_power_of_two_clusters(root: Path) -> None:
+FP4_HARNESS = """
+#include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
+// Host harness around the FP4 block/cluster selection of allreduce_fusion_kernel_launcher,
+// pasted verbatim from the patched header. Prints block_size and cluster_size.
+int main(int argc, char** argv) {
+  int threads_per_token = std::atoi(argv[1]);
+  int max_threads_per_block = std::atoi(argv[2]);
+  int max_cluster_size = std::atoi(argv[3]);
+  int block_size = -1, cluster_size = -1, threads_per_block = -1;  // "the baseline"
+@SELECTION@
+  std::printf("%d %d\\n", block_size, cluster_size);
+  (void)threads_per_block;
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def fp4_selection(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real FP4 selection code of the patched launcher, compiled with g++ on the host."""
     text = (
         root / "vendor/flashinfer/include/flashinfer/comm/trtllm_allreduce_fusion.cuh"
     ).read_text()
-    assert "(candidate_cluster_size & (candidate_cluster_size - 1)) == 0" in text
+    start = text.index(
+        "if constexpr (GetQuantType<Pattern> == QuantType::kFP4) {",
+        text.index("// FP4 optimization: apply BEFORE SM count check"),
+    )
+    body_start = text.index("{", start) + 1
+    body_end = text.index("threads_per_block = block_size;", body_start)
+    source = tmp_path_factory.mktemp("fp4") / "harness.cpp"
+    source.write_text(FP4_HARNESS.replace("@SELECTION@", text[body_start:body_end]))
+    binary = source.with_suffix("")
+    subprocess.run(["g++", "-std=c++17", "-o", str(binary), str(source)], check=True)
+    return binary
 
-    # The selection rule, executed: hidden 7168 in bf16 is 896 threads per token.
-    def pick(threads_per_token: int, max_cluster: int = 8) -> tuple[int, int] | None:
-        for candidate in (160, 192, 128):
-            if threads_per_token % candidate:
-                continue
-            cluster = threads_per_token // candidate
-            if cluster & (cluster - 1) == 0 and cluster <= max_cluster:
-                return candidate, cluster
-        return None
 
-    assert pick(896) is None  # 896 / 128 = 7: keep the baseline instead
-    assert pick(512) == (128, 4)
+@pytest.mark.parametrize(
+    ("threads_per_token", "expected"),
+    [
+        (896, (-1, -1)),  # hidden 7168 bf16: 896/128 = 7 is no power of two, keep the baseline
+        (512, (128, 4)),  # 160 and 192 do not divide 512
+        (640, (160, 4)),
+        (768, (192, 4)),
+        (2560, (-1, -1)),  # 160 x 16: over the cluster limit of 8
+        (320, (160, 2)),
+    ],
+)
+def test_fp4_launcher_picks_only_power_of_two_clusters(
+    fp4_selection: Path, threads_per_token: int, expected: tuple[int, int]
+) -> None:
+    result = subprocess.run(
+        [str(fp4_selection), str(threads_per_token), "1024", "8"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert tuple(int(x) for x in result.stdout.split()) == expected
 
 
 def test_arch_filter_admits_major_12(root: Path) -> None:

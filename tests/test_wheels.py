@@ -13,8 +13,8 @@ import pytest
 
 from sm120_build.build import Arch, check_archs
 from sm120_build.errors import UserError
-from sm120_build.toolkit import Toolkit
 from sm120_build.pins import Companion
+from sm120_build.toolkit import Toolkit
 from sm120_build.wheels import (
     PROVENANCE_FILE,
     assemble_wheelhouse,

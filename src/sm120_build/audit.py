@@ -227,7 +227,7 @@ def enclosing_function(lines: list[str], index: int) -> str:
             n for n in _CALLED.findall(signature[: signature.index("{")]) if n not in _NOT_A_NAME
         ]
         if names:
-            return names[0]
+            return str(names[0])
     return "(file scope)"
 
 
@@ -264,7 +264,7 @@ def device_findings(tree: Path, upstream: str, toolkit: Toolkit) -> list[Finding
 def _regions(keys: list[tuple[str, int]]) -> Iterator[tuple[str, list[int]]]:
     """Group (file, line) keys into runs of nearby lines (gaps of blank lines allowed)."""
     group: list[int] = []
-    current = None
+    current = ""
     for file, line in keys:
         if file != current or (group and line - group[-1] > 3):
             if group:
@@ -284,6 +284,10 @@ _CAPABILITY_CALLS = {"get_device_capability", "get_compute_capability"}
 
 def _sm_major(number: str) -> int:
     return int(number) // 10
+
+
+def _int_constants(nodes: list[ast.expr]) -> set[int]:
+    return {e.value for e in nodes if isinstance(e, ast.Constant) and isinstance(e.value, int)}
 
 
 def _call_name(node: ast.AST) -> str | None:
@@ -363,7 +367,7 @@ class _Module(ast.NodeVisitor):
         super().generic_visit(node)
         self.stack.pop()
 
-    def report(self, node: ast.AST, detail: str, statement: ast.stmt | None = None) -> None:
+    def report(self, node: ast.expr, detail: str, statement: ast.AST | None = None) -> None:
         function = next(
             (
                 n.name
@@ -394,7 +398,7 @@ class _Module(ast.NodeVisitor):
         if node.arg == "supported_major_versions" and isinstance(
             node.value, ast.List | ast.Tuple | ast.Set
         ):
-            majors = {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
+            majors = _int_constants(node.value.elts)
             if majors & {9, 10} and 12 not in majors:
                 self.report(node.value, f"arch filter admits majors {sorted(majors)}, not 12")
         self.generic_visit(node)
@@ -418,6 +422,7 @@ class _Module(ast.NodeVisitor):
                 and isinstance(value.ops[0], ast.Eq)
                 and self.is_major(value.left)
                 and isinstance(value.comparators[0], ast.Constant)
+                and isinstance(value.comparators[0].value, int)
             ):
                 return None
             majors.add(value.comparators[0].value)
@@ -429,7 +434,7 @@ class _Module(ast.NodeVisitor):
             if isinstance(op, ast.In | ast.NotIn) and isinstance(
                 right, ast.Tuple | ast.List | ast.Set
             ):
-                majors = {e.value for e in right.elts if isinstance(e, ast.Constant)}
+                majors = _int_constants(right.elts)
                 if isinstance(op, ast.In) and majors & {9, 10} and 12 not in majors:
                     self.report(node, f"capability major must be one of {sorted(majors)}")
             elif isinstance(right, ast.Constant) and isinstance(right.value, int):
@@ -444,7 +449,7 @@ class _Module(ast.NodeVisitor):
         flags = {
             n.id for n in ast.walk(node.test) if isinstance(n, ast.Name) and _HAS_SM.match(n.id)
         }
-        majors = {_sm_major(_HAS_SM.match(n).group(1)) for n in flags}
+        majors = {_sm_major(match.group(1)) for n in flags if (match := _HAS_SM.match(n))}
         if majors & {9, 10} and 12 not in majors:
             self.report(node.test, f"arch list gate admits {sorted(flags)}, not sm12x", node)
         self.generic_visit(node)

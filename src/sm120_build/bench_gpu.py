@@ -13,7 +13,9 @@ import json
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .verify import _free_port
 
@@ -21,7 +23,7 @@ SIZES = [(tokens, hidden) for hidden in (4096, 7168) for tokens in (16, 128, 102
 CALLS_PER_GRAPH = 10
 
 
-def _time_graph(torch, run, replays: int) -> float:
+def _time_graph(torch: Any, run: Callable[[], None], replays: int) -> float:
     """Median microseconds per call of `run`, captured CALLS_PER_GRAPH times in a graph."""
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -42,11 +44,11 @@ def _time_graph(torch, run, replays: int) -> float:
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1000 / CALLS_PER_GRAPH)
-    return statistics.median(samples)
+    return float(statistics.median(samples))
 
 
 def _measure(
-    rank: int, world_size: int, workspace, tokens: int, hidden: int, replays: int
+    rank: int, world_size: int, workspace: Any, tokens: int, hidden: int, replays: int
 ) -> dict[str, float]:
     import torch
     import torch.distributed as dist

@@ -60,7 +60,8 @@ _UPSTREAM_KEYS = ("project", "version", "sdist", "sha256", "git_url", "git_tag",
 def read_toml(path: Path) -> dict[str, Any]:
     """A TOML file as a dict; a missing or malformed file is a UserError naming it."""
     try:
-        return tomllib.loads(path.read_text())
+        data: dict[str, Any] = tomllib.loads(path.read_text())
+        return data
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

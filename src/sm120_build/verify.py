@@ -19,6 +19,7 @@ import time
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 # Tolerances: |out - ref| <= atol + rtol * |ref|, against an fp32 reference.
 # bf16 keeps 8 significant bits (2^-8 ~ 3.9e-3 relative), fp16 11 bits (2^-11 ~ 4.9e-4);
@@ -76,10 +77,10 @@ def default_cases(world_size: int) -> list[Case]:
     return cases
 
 
-def _inputs(case: Case, world_size: int):
+def _inputs(case: Case, world_size: int) -> tuple[list[Any], Any, Any]:
     import torch
 
-    def draw(seed: int, *shape: int):
+    def draw(seed: int, *shape: int) -> Any:
         generator = torch.Generator().manual_seed(seed)
         return torch.randn(*shape, generator=generator, dtype=torch.float32)
 
@@ -91,7 +92,7 @@ def _inputs(case: Case, world_size: int):
     return shards, residual, gamma
 
 
-def _moe_routing(case: Case, world_size: int):
+def _moe_routing(case: Case, world_size: int) -> list[tuple[Any, Any, Any]]:
     """Per rank: a permutation of the expanded rows (some dropped as -1), expert scales
     and a shared-expert output."""
     import torch
@@ -109,7 +110,7 @@ def _moe_routing(case: Case, world_size: int):
     return routing
 
 
-def _moe_finalize_reference(case: Case, shard, permuted, scales, shared):
+def _moe_finalize_reference(case: Case, shard: Any, permuted: Any, scales: Any, shared: Any) -> Any:
     """One rank's finalize as the kernel computes it: products rounded to the dtype and
     accumulated in the dtype, then the shared expert output added."""
     import torch
@@ -126,7 +127,7 @@ def _moe_finalize_reference(case: Case, shard, permuted, scales, shared):
     return (accumulator.float() + shared.to(dtype).float()).to(dtype).float()
 
 
-def _reference(case: Case, world_size: int, eps: float):
+def _reference(case: Case, world_size: int, eps: float) -> dict[str, Any]:
     import torch
 
     dtype = getattr(torch, case.dtype)
@@ -241,7 +242,9 @@ def _run_rank(
     dist.destroy_process_group()
 
 
-def _compare(case: Case, rank: int, outputs, world_size: int, eps: float) -> list[Result]:
+def _compare(
+    case: Case, rank: int, outputs: dict[str, Any], world_size: int, eps: float
+) -> list[Result]:
     import torch
 
     rtol, atol = TOLERANCES[case.dtype]
@@ -262,7 +265,8 @@ def _compare(case: Case, rank: int, outputs, world_size: int, eps: float) -> lis
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def check_aot_load() -> tuple[str, float]:
