@@ -69,7 +69,11 @@ def _install_tool(session: nox.Session, *extra: str) -> None:
 
 @nox.session
 def vendor(session: nox.Session) -> None:
-    """Fetch, verify, unpack and patch both upstreams into vendor/<name>/."""
+    """Fetch, verify, unpack and patch both upstreams into vendor/<name>/.
+
+    -- --continue NAME: after a patch stopped the series and its refresh is committed in
+    vendor/NAME, apply the rest of the series.
+    """
     _install_tool(session)
     session.run("sm120-build", "vendor", *session.posargs)
 
@@ -79,6 +83,19 @@ def export_patches(session: nox.Session) -> None:
     """Regenerate patches/<name>/ from the commits in vendor/<name>/ (keeps headers)."""
     _install_tool(session)
     session.run("sm120-build", "export-patches", *session.posargs)
+
+
+@nox.session
+def bump(session: nox.Session) -> None:
+    """Report what an upstream release does to every patch and hunk, without changing pins.
+
+    -- flashinfer-python==0.6.17 [sglang==0.5.10] [--json FILE] [--write]
+    Each patch is clean, offset, fuzz (refused), upstream, partly upstream, upstream in
+    another form or a conflict, with keep/drop/refresh. --write updates pins.toml and drops
+    the patches upstream carries; the rest are refreshed in vendor/.
+    """
+    _install_tool(session, *BUILD_REQUIREMENTS)
+    session.run("sm120-build", "bump", *session.posargs)
 
 
 @nox.session

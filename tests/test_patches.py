@@ -1,3 +1,6 @@
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -71,3 +74,27 @@ def test_patches_fixed_upstream_say_where() -> None:
     for prefix, version in expected.items():
         (name,) = [n for n in applied if n.startswith(prefix)]
         assert applied[name].startswith(version), name
+
+
+def test_quilt_needs_fuzz_0_to_refuse_what_git_apply_refuses(tmp_path: Path) -> None:
+    """quilt's default fuzz (2) applies a patch whose context drifted; `--fuzz=0`, which
+    README gives, refuses it exactly as `git apply` (and so `nox -s vendor`) does."""
+    assert shutil.which("quilt"), "quilt is not installed (.ci/run installs Debian's quilt)"
+    lines = [f"line {n}" for n in range(1, 21)]
+    series = tmp_path / "patches"
+    series.mkdir()
+    make_patch(series / "0001-a.patch", "f.txt", lines, 9, "LINE 10", "change line 10")
+    write_series(series, series / "0001-a.patch")
+    drifted = list(lines)
+    drifted[6] = "line 7, edited upstream"  # the hunk's first context line
+    env = dict(os.environ, QUILT_PATCHES=str(series), QUILTRC="/dev/null")
+    outcomes = {}
+    for options in ([], ["--fuzz=0"]):
+        tree = tmp_path / f"tree{len(options)}"
+        tree.mkdir()
+        (tree / "f.txt").write_text("\n".join(drifted) + "\n")
+        result = subprocess.run(
+            ["quilt", "push", "-a", *options], cwd=tree, env=env, capture_output=True, text=True
+        )
+        outcomes[tuple(options)] = result.returncode
+    assert outcomes == {(): 0, ("--fuzz=0",): 1}

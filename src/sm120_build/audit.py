@@ -489,6 +489,7 @@ def python_files(tree: Path, upstream: str, whole_tree: bool) -> list[Path]:
 class Report:
     findings: list[Finding]
     stale_waivers: list[Waiver]
+    missing_scope: list[str] = field(default_factory=list)
 
     @property
     def failing(self) -> list[Finding]:
@@ -503,6 +504,7 @@ class Report:
                 {k: v for k, v in asdict(f).items() if k != "statement"} for f in self.findings
             ],
             "stale_waivers": [asdict(w) for w in self.stale_waivers],
+            "missing_scope": self.missing_scope,
             "failing": len(self.failing),
         }
 
@@ -534,6 +536,8 @@ class Report:
                 f"stale waiver (matches nothing): {waiver.upstream}/{waiver.file}: "
                 f"{waiver.condition}"
             )
+        for pattern in self.missing_scope:
+            lines.append(f"MISSING: no file matches the scoped {pattern}; the audit cannot vouch")
         lines.append(
             f"{len(self.findings)} findings; {len(self.failing)} in scope neither "
             "removed by a patch nor waived"
@@ -577,6 +581,19 @@ def removing_patch(
     return None
 
 
+def missing_scope(tree: Path, upstream: str) -> list[str]:
+    """Scope patterns that match no file: a moved or renamed file must not pass silently."""
+    return [
+        f"{upstream}/{entry.pattern}"
+        for entry in SCOPE
+        if entry.upstream == upstream and not any(tree.glob(entry.pattern))
+    ]
+
+
+def has_device_code(tree: Path) -> bool:
+    return all((tree / source).is_file() for source in TRTLLM_COMM_SOURCES)
+
+
 def audit_tree(
     tree: Path, upstream: str, toolkit: Toolkit | None, whole_tree: bool
 ) -> list[Finding]:
@@ -597,6 +614,7 @@ def audit(
 ) -> Report:
     """Audit vendor/<name> (or, with pristine, its unpatched base) for every upstream."""
     findings: list[Finding] = []
+    missing: list[str] = []
     with tempfile.TemporaryDirectory(prefix="audit-") as scratch:
         for tree in sorted(p for p in vendor_root.iterdir() if (p / ".git").is_dir()):
             state = read_state(tree)
@@ -606,9 +624,12 @@ def audit(
             if pristine:
                 audited = Path(scratch) / tree.name
                 export_tree(tree, audited, state.base)
-            has_device_code = all((audited / src).is_file() for src in TRTLLM_COMM_SOURCES)
+            missing += missing_scope(audited, tree.name)
             found = audit_tree(
-                audited.resolve(), tree.name, toolkit if has_device_code else None, whole_tree
+                audited.resolve(),
+                tree.name,
+                toolkit if has_device_code(audited) else None,
+                whole_tree,
             )
             if pristine:
                 commits = git(tree, "rev-list", "--reverse", f"{state.base}..HEAD").stdout.split()
@@ -619,4 +640,4 @@ def audit(
                     for f in found
                 ]
             findings += found
-    return classify(findings, waivers)
+    return replace(classify(findings, waivers), missing_scope=missing)

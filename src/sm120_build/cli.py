@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
-from . import audit, build, pins, pipeline, publish, toolkit, vendor
-from .cache import cache_lock
+from . import audit, build, bump, pins, pipeline, publish, toolkit, vendor
+from .cache import cache_lock, scratch_directory
 from .console import say
 from .errors import UserError
 from .layout import Layout, repo_root
@@ -55,10 +55,50 @@ def _audit_gates(layout: Layout, args: argparse.Namespace) -> None:
     print(report.table())
     if args.json:
         args.json.write_text(json.dumps(report.as_json(), indent=2) + "\n")
+    if report.missing_scope:
+        raise UserError(
+            f"scoped files are missing ({', '.join(report.missing_scope)}): the audit cannot "
+            "vouch for what it did not see; update SCOPE in sm120_build/audit.py"
+        )
     if report.failing and args.scope != "all":
         raise UserError(
             f"{len(report.failing)} arch gate(s) in scope still exclude SM120: patch them "
             f"(patches/) or, if deliberate, waive them in {layout.waivers_file.name} with a reason"
+        )
+
+
+def _bump(layout: Layout, args: argparse.Namespace) -> None:
+    pinned = pins.load(layout.pins_file)
+    candidates = [bump.parse_candidate(text, pinned) for text in args.candidates]
+    names = [upstream.name for upstream, _ in candidates]
+    if len(set(names)) != len(names):
+        raise UserError("give each upstream at most once")
+    waivers = audit.load_waivers(layout.waivers_file)
+    cuda = toolkit.pip_toolkit(pinned.toolkit_requirement, layout.cache)
+
+    def audit_candidate(tree: Path, name: str) -> bump.GateSummary:
+        findings = audit.audit_tree(
+            tree.resolve(), name, cuda if audit.has_device_code(tree) else None, whole_tree=True
+        )
+        return bump.audit_summary(
+            audit.classify(findings, waivers), audit.missing_scope(tree, name)
+        )
+
+    with scratch_directory(layout.cache, "bump") as scratch:
+        results = bump.evaluate(
+            pinned, layout.patches, layout.vendor, candidates, scratch, audit_candidate
+        )
+    for result in results:
+        print(bump.table(result))
+    if args.json:
+        args.json.write_text(bump.as_json(results))
+    if args.write:
+        for line in bump.write(results, layout.pins_file, layout.patches):
+            say(line)
+        say(
+            "next: `nox -s vendor` stops at the first patch to refresh; make its change in "
+            "vendor/NAME, commit it with its header, `nox -s vendor -- --continue NAME`, "
+            "repeat, then `nox -s export_patches`"
         )
 
 
@@ -146,6 +186,25 @@ def build_parser() -> argparse.ArgumentParser:
         "all: the whole trees, report only",
     )
     sub.set_defaults(run=_audit_gates, locks_cache=True)
+
+    sub = commands.add_parser(
+        "bump",
+        parents=[common],
+        help="report what an upstream release does to each patch (pins untouched)",
+    )
+    sub.add_argument(
+        "candidates",
+        nargs="+",
+        metavar="PROJECT==VERSION",
+        help="e.g. flashinfer-python==0.6.17 and/or sglang==0.5.10",
+    )
+    sub.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
+    sub.add_argument(
+        "--write",
+        action="store_true",
+        help="update pins.toml and drop the patches upstream already carries",
+    )
+    sub.set_defaults(run=_bump, locks_cache=True)
 
     sub = commands.add_parser(
         "publish",

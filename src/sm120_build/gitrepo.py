@@ -41,11 +41,14 @@ def git_environment(repo: Path) -> dict[str, str]:
 _SAFE_OPTIONS = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
 
 
-def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def git(
+    repo: Path, *args: str, check: bool = True, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         ["git", *_SAFE_OPTIONS, *args],
         cwd=repo,
         env=git_environment(repo),
+        input=stdin,
         capture_output=True,
         text=True,
     )

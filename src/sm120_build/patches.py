@@ -122,3 +122,45 @@ def render_patch(header: str, diff: str) -> str:
 def patch_file_name(index: int, subject: str) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")[:50].rstrip("-")
     return f"{index:04d}-{slug or 'change'}.patch"
+
+
+@dataclass(frozen=True)
+class Hunk:
+    """One hunk of one file of a patch, renderable as a patch of its own."""
+
+    file: str
+    file_header: str  # the "diff --git" / "---" / "+++" lines of its file
+    text: str  # from its "@@" line to the next hunk
+
+    @property
+    def header(self) -> str:
+        return self.text.split("\n", 1)[0].split(" @@", 1)[0] + " @@"
+
+    @property
+    def removed(self) -> list[str]:
+        """The lines the hunk takes out (without the leading '-')."""
+        return [line[1:] for line in self.text.splitlines()[1:] if line.startswith("-")]
+
+    def as_patch(self) -> str:
+        return self.file_header + self.text
+
+
+def hunks_of(diff: str) -> list[Hunk]:
+    """Every hunk of a unified diff, in order, each with its file's header."""
+    hunks: list[Hunk] = []
+    sections = [m.start() for m in re.finditer(r"^diff --git ", diff, re.MULTILINE)] or [0]
+    for start, end in zip(sections, [*sections[1:], len(diff)], strict=True):
+        section = diff[start:end]
+        first_hunk = section.find("\n@@ ")
+        if first_hunk < 0:
+            continue
+        file_header = section[: first_hunk + 1]
+        target = re.search(r"^\+\+\+ (?:b/)?(\S+)", file_header, re.MULTILINE)
+        source = re.search(r"^--- (?:a/)?(\S+)", file_header, re.MULTILINE)
+        name = target.group(1) if target and target.group(1) != "/dev/null" else ""
+        name = name or (source.group(1) if source else "?")
+        body = section[first_hunk + 1 :]
+        starts = [m.start() for m in re.finditer(r"^@@ ", body, re.MULTILINE)]
+        for hunk_start, hunk_end in zip(starts, [*starts[1:], len(body)], strict=True):
+            hunks.append(Hunk(name, file_header, body[hunk_start:hunk_end]))
+    return hunks

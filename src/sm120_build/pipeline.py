@@ -121,11 +121,13 @@ def check_gates(layout: Layout, pins: Pins, cuda: toolkit.Toolkit) -> None:
         pristine=False,
         whole_tree=False,
     )
-    if report.failing:
+    if report.failing or report.missing_scope:
         print(report.table())
         raise UserError(
-            f"{len(report.failing)} arch gate(s) on the fusion path still exclude SM120 "
-            "(table above); patch them or waive them in audit-waivers.toml. Nothing was built."
+            f"{len(report.failing)} arch gate(s) on the fusion path still exclude SM120, and "
+            f"{len(report.missing_scope)} scoped file pattern(s) match nothing (table above); "
+            "patch or waive the gates in audit-waivers.toml, or update the audit's scope. "
+            "Nothing was built."
         )
     say(f"gate audit: {len(report.findings)} findings, none unwaived in scope")
     passed.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,454 @@
+"""`nox -s bump`: what a new upstream release does to the patch series, in one run.
+
+The candidate sdist is fetched through pip into a scratch directory (nothing in pins.toml,
+vendor/ or patches/ changes), unpacked as a git repo, and the whole series is tried on it
+in order. Every patch and every hunk is classified; a patch that does not apply does not
+stop the run, and the hunks that do apply are applied so later patches meet the tree they
+would meet after a refresh.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from .audit import Report
+from .cache import sha256_of
+from .console import say
+from .errors import UserError
+from .gitrepo import git
+from .patches import Hunk, Patch, hunks_of, load_series
+from .pins import Pins, Upstream
+from .vendor import make_pristine_tree
+
+# Patch verdicts and what to do about each.
+ACTIONS = {
+    "clean": "keep",
+    "offset": "keep",
+    "fuzz": "refresh",
+    "upstream": "drop",
+    "partly upstream": "refresh",
+    "upstream in another form": "drop",
+    "conflict": "refresh",
+}
+
+
+@dataclass(frozen=True)
+class HunkVerdict:
+    file: str
+    hunk: str  # the @@ line
+    verdict: str  # clean, offset, fuzz, upstream, upstream in another form, conflict
+    offset: int = 0
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class PatchVerdict:
+    patch: str
+    verdict: str
+    action: str
+    hunks: list[HunkVerdict]
+
+    @property
+    def failing(self) -> list[HunkVerdict]:
+        return [h for h in self.hunks if h.verdict in ("conflict", "upstream in another form")]
+
+
+@dataclass(frozen=True)
+class GateSummary:
+    """The gate audit of a candidate tree, series applied as far as it goes."""
+
+    lines: list[str]
+    report: dict[str, object]
+    missing_scope: list[str]
+
+
+@dataclass
+class Candidate:
+    upstream: Upstream  # the pins entry as it would become
+    patches: list[PatchVerdict] = field(default_factory=list)
+    related: list[str] = field(default_factory=list)
+    audit: GateSummary | None = None
+
+
+def _apply(tree: Path, patch_text: str, *options: str) -> subprocess.CompletedProcess[str]:
+    """git apply, strict unless `options` say otherwise, reading the patch from stdin."""
+    return git(tree, "apply", "--verbose", *options, "-", check=False, stdin=patch_text)
+
+
+_OFFSET = re.compile(r"Hunk #\d+ succeeded at \d+ \(offset (-?\d+) lines?\)")
+
+
+def classify_hunk(tree: Path, hunk: Hunk) -> HunkVerdict:
+    """How one hunk meets the tree: applies (at an offset), only with fuzz, already there,
+    there in another form, or not at all."""
+    text = hunk.as_patch()
+    forward = _apply(tree, text, "--check")
+    if forward.returncode == 0:
+        offset = _OFFSET.search(forward.stderr + forward.stdout)
+        moved = int(offset.group(1)) if offset else 0
+        return HunkVerdict(hunk.file, hunk.header, "offset" if moved else "clean", moved)
+    if _apply(tree, text, "--check", "--reverse").returncode == 0:
+        return HunkVerdict(hunk.file, hunk.header, "upstream")
+    if _apply(tree, text, "--check", "-C1").returncode == 0:
+        return HunkVerdict(hunk.file, hunk.header, "fuzz", detail="applies with 1 line of context")
+    target = tree / hunk.file
+    if not target.is_file():
+        return HunkVerdict(hunk.file, hunk.header, "conflict", detail="file not found")
+    present = {line.strip() for line in target.read_text(errors="replace").splitlines()}
+    # Lines that say something: a bare "}" or "{" is in every file.
+    removed = [line.strip() for line in hunk.removed if re.search(r"\w{3}", line)]
+    if removed and not any(line in present for line in removed):
+        return HunkVerdict(
+            hunk.file,
+            hunk.header,
+            "upstream in another form",
+            detail="none of the lines it removes is in the file any more",
+        )
+    failure = next((line for line in forward.stderr.splitlines() if line.startswith("error:")), "")
+    return HunkVerdict(hunk.file, hunk.header, "conflict", detail=failure.removeprefix("error: "))
+
+
+def _patch_verdict(hunks: list[HunkVerdict]) -> str:
+    kinds = {h.verdict for h in hunks}
+    if kinds <= {"clean"}:
+        return "clean"
+    if kinds <= {"clean", "offset"}:
+        return "offset"
+    if kinds == {"upstream"}:
+        return "upstream"
+    if kinds <= {"upstream", "upstream in another form"}:
+        return "upstream in another form"
+    # A hunk that meets nothing it expects, beside hunks that still apply: the patch's
+    # change is not upstream as a whole, so it is refreshed, not dropped.
+    if kinds & {"conflict", "upstream in another form"}:
+        return "conflict"
+    if "upstream" in kinds:
+        return "partly upstream"
+    return "fuzz"
+
+
+def classify_patch(tree: Path, patch: Patch) -> PatchVerdict:
+    """Classify `patch` on `tree`, then apply what of it applies (fuzz included)."""
+    hunks = hunks_of(patch.diff)
+    whole = _apply(tree, patch.diff, "--check")
+    if whole.returncode == 0:
+        # Offsets come per hunk, in order, for those that moved.
+        report = iter(_per_hunk_offsets(whole.stderr + whole.stdout, hunks))
+        verdicts = [
+            HunkVerdict(h.file, h.header, "offset" if moved else "clean", moved)
+            for h, moved in zip(hunks, report, strict=True)
+        ]
+        _apply(tree, patch.diff)
+    elif _apply(tree, patch.diff, "--check", "--reverse").returncode == 0:
+        verdicts = [HunkVerdict(h.file, h.header, "upstream") for h in hunks]
+    else:
+        verdicts = []
+        for hunk in hunks:
+            verdict = classify_hunk(tree, hunk)
+            if verdict.verdict in ("clean", "offset"):
+                _apply(tree, hunk.as_patch())
+            elif verdict.verdict == "fuzz":
+                _apply(tree, hunk.as_patch(), "-C1")
+            verdicts.append(verdict)
+    kind = _patch_verdict(verdicts)
+    return PatchVerdict(patch.path.name, kind, ACTIONS[kind], verdicts)
+
+
+def _per_hunk_offsets(output: str, hunks: list[Hunk]) -> list[int]:
+    """git apply --verbose names 'Hunk #N ... (offset K lines)' per file for moved hunks."""
+    moved: dict[tuple[str, int], int] = {}
+    current = ""
+    for line in output.splitlines():
+        checking = re.match(r"Checking patch (.+)\.\.\.$", line)
+        if checking:
+            current = checking.group(1)
+            continue
+        match = re.match(r"Hunk #(\d+) succeeded at \d+ \(offset (-?\d+) lines?\)", line)
+        if match:
+            moved[(current, int(match.group(1)))] = int(match.group(2))
+    offsets, seen = [], dict[str, int]()
+    for hunk in hunks:
+        seen[hunk.file] = seen.get(hunk.file, 0) + 1
+        offsets.append(moved.get((hunk.file, seen[hunk.file]), 0))
+    return offsets
+
+
+def classify_series(tree: Path, patches: list[Patch]) -> list[PatchVerdict]:
+    return [classify_patch(tree, patch) for patch in patches]
+
+
+# --- the candidate --------------------------------------------------------------------------
+
+
+def parse_candidate(text: str, pins: Pins) -> tuple[Upstream, str]:
+    """`project==version` -> (the pinned upstream it replaces, the candidate version)."""
+    try:
+        requirement = Requirement(text)
+        (specifier,) = requirement.specifier
+    except (InvalidRequirement, ValueError):
+        raise UserError(
+            f"{text!r}: give a candidate as PROJECT==VERSION, e.g. sglang==0.5.10"
+        ) from None
+    if specifier.operator != "==":
+        raise UserError(f"{text!r}: give an exact version with ==")
+    for upstream in pins.upstreams.values():
+        if canonicalize_name(upstream.project) == canonicalize_name(requirement.name):
+            return upstream, specifier.version
+    known = ", ".join(sorted(u.project for u in pins.upstreams.values()))
+    raise UserError(f"{requirement.name} is not a pinned upstream (pinned: {known})")
+
+
+def fetch_candidate(upstream: Upstream, version: str, scratch: Path) -> Path:
+    """The candidate sdist, downloaded through pip's own configuration."""
+    say(f"fetching {upstream.project}=={version} (sdist) through pip")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--no-binary",
+            upstream.project,
+            f"{upstream.project}=={version}",
+            "--dest",
+            str(scratch),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    found = sorted(scratch.glob("*.tar.gz"))
+    if result.returncode != 0 or len(found) != 1:
+        raise UserError(
+            f"pip could not download the sdist of {upstream.project}=={version}:\n"
+            f"{result.stderr.strip()[-2000:]}"
+        )
+    return found[0]
+
+
+def _git_commit(tree: Path, name: str) -> str:
+    """The upstream commit a release records: FlashInfer's _build_meta, sglang's _version."""
+    for path, pattern in (
+        ("flashinfer/_build_meta.py", r'__git_version__ = "([0-9a-f]+)"'),
+        ("sglang/_version.py", r"commit_id\s*[:=][^'\"]*['\"]g?([0-9a-f]+)['\"]"),
+        ("python/sglang/_version.py", r"commit_id\s*[:=][^'\"]*['\"]g?([0-9a-f]+)['\"]"),
+    ):
+        if (tree / path).is_file():
+            match = re.search(pattern, (tree / path).read_text())
+            if match:
+                return match.group(1)
+    return ""
+
+
+def _requires(tree: Path) -> dict[str, Requirement]:
+    """The sdist's own Requires-Dist (PKG-INFO), by canonical name."""
+    pkg_info = tree / "PKG-INFO"
+    requirements: dict[str, Requirement] = {}
+    if not pkg_info.is_file():
+        return requirements
+    for line in pkg_info.read_text(errors="replace").splitlines():
+        if line.startswith("Requires-Dist:"):
+            try:
+                requirement = Requirement(line.split(":", 1)[1].strip())
+            except InvalidRequirement:
+                continue
+            requirements[canonicalize_name(requirement.name)] = requirement
+    return requirements
+
+
+def _index_versions(project: str) -> list[str]:
+    """Versions the configured index has for `project` (pip index versions)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", project],
+        capture_output=True,
+        text=True,
+    )
+    match = re.search(r"Available versions: (.+)", result.stdout)
+    return [v.strip() for v in match.group(1).split(",")] if match else []
+
+
+def related_pins(
+    candidate: Upstream, tree: Path, pins: Pins, vendor_root: Path, others: dict[str, Upstream]
+) -> list[str]:
+    """What else must move with the candidate: the FlashInfer sglang requires, the cubin
+    companion, and the git reference."""
+    lines = [f"git_tag {candidate.git_tag}, git_commit {candidate.git_commit or '(not recorded)'}"]
+    flashinfer = others.get("flashinfer", pins.upstreams.get("flashinfer"))
+    sglang = others.get("sglang", pins.upstreams.get("sglang"))
+    if candidate.name == "sglang" and flashinfer is not None:
+        wanted = _requires(tree).get("flashinfer-python")
+        if wanted is not None:
+            ok = wanted.specifier.contains(flashinfer.version, prereleases=True)
+            lines.append(
+                f"sglang {candidate.version} requires {wanted}; flashinfer is "
+                f"{flashinfer.version}: " + ("fine" if ok else "flashinfer-python must move too")
+            )
+        cubin = _requires(tree).get("flashinfer-cubin")
+        if cubin is not None:
+            lines.append(f"sglang {candidate.version} requires {cubin} on the nodes")
+    if candidate.name == "flashinfer":
+        if sglang is not None:
+            sglang_tree = vendor_root / "sglang"
+            wanted = (
+                _requires(sglang_tree).get("flashinfer-python") if "sglang" not in others else None
+            )
+            if wanted is not None and not wanted.specifier.contains(
+                candidate.version, prereleases=True
+            ):
+                lines.append(
+                    f"the pinned sglang {sglang.version} requires {wanted}: sglang must move "
+                    "to a release that requires this FlashInfer"
+                )
+        cubin_versions = _index_versions("flashinfer-cubin")
+        companion = pins.companions.get("flashinfer-cubin")
+        if candidate.version in cubin_versions:
+            lines.append(
+                f"flashinfer-cubin {candidate.version} is on the index: the companion pin "
+                f"(now {companion.version if companion else 'none'}) moves with it"
+            )
+        else:
+            lines.append(
+                f"flashinfer-cubin {candidate.version} is NOT on the index (it has "
+                f"{', '.join(cubin_versions[:5]) or 'nothing'} ...): nodes cannot satisfy "
+                "FlashInfer's exact cubin version check with a public cubin"
+            )
+    return lines
+
+
+def evaluate(
+    pins: Pins,
+    patches_root: Path,
+    vendor_root: Path,
+    candidates: list[tuple[Upstream, str]],
+    scratch: Path,
+    audit_candidate: Callable[[Path, str], GateSummary],
+) -> list[Candidate]:
+    """Classify the series of each candidate; `audit_candidate(tree, name)` -> report dict."""
+    results = []
+    moved = {}
+    trees = {}
+    for pinned, version in candidates:
+        directory = scratch / pinned.name
+        directory.mkdir()
+        sdist = fetch_candidate(pinned, version, directory)
+        upstream = replace(
+            pinned,
+            version=version,
+            sdist=sdist.name,
+            sha256=sha256_of(sdist),
+            git_tag=f"v{version}",
+        )
+        say(f"{upstream.project} {version}: {sdist.name} sha256 {upstream.sha256}")
+        tree = directory / "tree"
+        make_pristine_tree(upstream, sdist, tree)
+        upstream = replace(upstream, git_commit=_git_commit(tree, pinned.name) or pinned.git_commit)
+        moved[pinned.name] = upstream
+        trees[pinned.name] = tree
+    for name, upstream in moved.items():
+        tree = trees[name]
+        result = Candidate(upstream)
+        result.patches = classify_series(tree, load_series(patches_root / name))
+        result.related = related_pins(upstream, tree, pins, vendor_root, moved)
+        result.audit = audit_candidate(tree, name)
+        results.append(result)
+    return results
+
+
+# --- reporting and writing ----------------------------------------------------------------
+
+
+def table(result: Candidate) -> str:
+    upstream = result.upstream
+    lines = [
+        f"{upstream.project} {upstream.version}  ({upstream.sdist}, sha256 {upstream.sha256})",
+        f"  {'patch':<62} {'verdict':<26} action",
+    ]
+    for patch in result.patches:
+        lines.append(f"  {patch.patch:<62} {patch.verdict:<26} {patch.action}")
+        for hunk in patch.hunks:
+            if hunk.verdict == "clean" and patch.verdict == "clean":
+                continue
+            note = f"offset {hunk.offset:+d}" if hunk.verdict == "offset" else hunk.verdict
+            detail = f" ({hunk.detail})" if hunk.detail else ""
+            lines.append(f"      {hunk.file} {hunk.hunk}: {note}{detail}")
+    lines.append("  related pins:")
+    lines += [f"    {line}" for line in result.related]
+    lines.append("  gate audit (candidate, series applied as far as it goes):")
+    lines += [f"    {line}" for line in (result.audit.lines if result.audit else [])]
+    return "\n".join(lines)
+
+
+def as_json(results: list[Candidate]) -> str:
+    return (
+        json.dumps(
+            [
+                {
+                    "upstream": asdict(r.upstream),
+                    "patches": [asdict(p) for p in r.patches],
+                    "related": r.related,
+                    "audit": asdict(r.audit) if r.audit else None,
+                }
+                for r in results
+            ],
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+def audit_summary(report: Report, missing: list[str]) -> GateSummary:
+    gates = [f for f in report.findings if f.in_scope and f.waiver is None]
+    outside = [f for f in report.findings if not f.in_scope]
+    summary = [f"{len(gates)} gate(s) in scope still exclude SM120"]
+    summary += [f"GATE {f.upstream}/{f.file}:{f.line} {f.condition[:70]}" for f in gates]
+    summary.append(f"{len(outside)} reported outside the audit's scope (not failing)")
+    summary += [f"MISSING scoped file(s): {pattern}" for pattern in missing]
+    return GateSummary(summary, report.as_json(), missing)
+
+
+def write(results: list[Candidate], pins_file: Path, patches_root: Path) -> list[str]:
+    """Apply the candidates: new pins, and patches upstream already carries dropped from
+    their series with a comment. Returns what was done, for the user."""
+    text = pins_file.read_text()
+    done = []
+    for result in results:
+        upstream = result.upstream
+        table_match = re.search(
+            rf"^\[upstream\.{re.escape(upstream.name)}\]\n(.*?)(?=^\[|\Z)", text, re.M | re.S
+        )
+        if table_match is None:
+            raise UserError(f"{pins_file} has no [upstream.{upstream.name}] table to update")
+        block = table_match.group(1)
+        for key in ("version", "sdist", "sha256", "git_tag", "git_commit"):
+            block = re.sub(
+                rf'^{key} = "[^"]*"', f'{key} = "{getattr(upstream, key)}"', block, flags=re.M
+            )
+        text = text[: table_match.start(1)] + block + text[table_match.end(1) :]
+        done.append(f"pins.toml: {upstream.name} -> {upstream.project} {upstream.version}")
+        series = patches_root / upstream.name / "series"
+        lines = series.read_text().splitlines()
+        for patch in result.patches:
+            if patch.action != "drop":
+                continue
+            lines = [
+                f"# {patch.patch}: dropped, {patch.verdict} in {upstream.project} "
+                f"{upstream.version} (nox -s bump)"
+                if line.split("#", 1)[0].split()[:1] == [patch.patch]
+                else line
+                for line in lines
+            ]
+            (patches_root / upstream.name / patch.patch).unlink(missing_ok=True)
+            done.append(f"patches/{upstream.name}: dropped {patch.patch} ({patch.verdict})")
+        series.write_text("".join(f"{line}\n" for line in lines))
+    pins_file.write_text(text)
+    return done

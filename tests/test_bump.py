@@ -1,0 +1,168 @@
+"""The bump classifier on fixture trees: every class, with real `git apply`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sm120_build.bump import classify_series
+from sm120_build.gitrepo import git
+from sm120_build.patches import read_patch
+
+from .conftest import HEADER
+
+LINES = [f"line {n}" for n in range(1, 41)]
+
+
+def hunk(file: str, lines: list[str], index: int, new: str) -> str:
+    """A one-line change of lines[index] with three lines of context, as a file section."""
+    start, end = max(0, index - 3), min(len(lines), index + 4)
+    body = [(" " if n != index else "-") + lines[n] for n in range(start, end)]
+    body.insert(index - start + 1, "+" + new)
+    count = end - start
+    return f"@@ -{start + 1},{count} +{start + 1},{count} @@\n" + "\n".join(body) + "\n"
+
+
+def patch_file(directory: Path, name: str, sections: dict[str, list[str]]) -> Path:
+    """A patch with, per file, the given hunks (texts from hunk())."""
+    text = HEADER.format(subject=name) + "\n"
+    for file, hunks in sections.items():
+        text += f"diff --git a/{file} b/{file}\n--- a/{file}\n+++ b/{file}\n" + "".join(hunks)
+    path = directory / f"{name}.patch"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def tree(tmp_path: Path):
+    """A git tree holding files a.txt and b.txt, each with `lines`."""
+
+    def create(a: list[str], b: list[str] | None = None) -> Path:
+        root = tmp_path / "tree"
+        root.mkdir()
+        (root / "a.txt").write_text("\n".join(a) + "\n")
+        (root / "b.txt").write_text("\n".join(b or LINES) + "\n")
+        git(root, "init", "-q")
+        git(root, "add", ".")
+        git(root, "commit", "-qm", "base")
+        return root
+
+    return create
+
+
+def verdict_of(tree_path: Path, *paths: Path):
+    return classify_series(tree_path, [read_patch(p) for p in paths])
+
+
+def test_clean(tree, tmp_path: Path) -> None:
+    root = tree(LINES)
+    patch = patch_file(tmp_path, "p", {"a.txt": [hunk("a.txt", LINES, 10, "LINE 11")]})
+    (result,) = verdict_of(root, patch)
+    assert (result.verdict, result.action) == ("clean", "keep")
+    assert "LINE 11" in (root / "a.txt").read_text()  # applied, for the patches after it
+
+
+def test_offset_is_reported_per_hunk(tree, tmp_path: Path) -> None:
+    root = tree(["new 1", "new 2", "new 3", *LINES])
+    patch = patch_file(
+        tmp_path,
+        "p",
+        {"a.txt": [hunk("a.txt", LINES, 10, "LINE 11"), hunk("a.txt", LINES, 30, "LINE 31")]},
+    )
+    (result,) = verdict_of(root, patch)
+    assert (result.verdict, result.action) == ("offset", "keep")
+    assert [(h.verdict, h.offset) for h in result.hunks] == [("offset", 3), ("offset", 3)]
+
+
+def test_fuzz_is_named_and_refused(tree, tmp_path: Path) -> None:
+    changed = list(LINES)
+    changed[7] = "line 8 (edited upstream)"  # the outermost context line of the hunk
+    root = tree(changed)
+    patch = patch_file(tmp_path, "p", {"a.txt": [hunk("a.txt", LINES, 10, "LINE 11")]})
+    (result,) = verdict_of(root, patch)
+    assert (result.verdict, result.action) == ("fuzz", "refresh")
+    assert result.hunks[0].verdict == "fuzz"
+
+
+def test_already_upstream_whole(tree, tmp_path: Path) -> None:
+    done = list(LINES)
+    done[10] = "LINE 11"
+    root = tree(done)
+    patch = patch_file(tmp_path, "p", {"a.txt": [hunk("a.txt", LINES, 10, "LINE 11")]})
+    (result,) = verdict_of(root, patch)
+    assert (result.verdict, result.action) == ("upstream", "drop")
+
+
+def test_partly_upstream(tree, tmp_path: Path) -> None:
+    done = list(LINES)
+    done[10] = "LINE 11"
+    root = tree(done)
+    patch = patch_file(
+        tmp_path,
+        "p",
+        {"a.txt": [hunk("a.txt", LINES, 10, "LINE 11"), hunk("a.txt", LINES, 30, "LINE 31")]},
+    )
+    (result,) = verdict_of(root, patch)
+    assert (result.verdict, result.action) == ("partly upstream", "refresh")
+    assert [h.verdict for h in result.hunks] == ["upstream", "clean"]
+    assert "LINE 31" in (root / "a.txt").read_text()
+
+
+def test_upstream_in_another_form(tree, tmp_path: Path) -> None:
+    rewritten = list(LINES)
+    rewritten[10] = "line eleven, fixed upstream their own way"
+    root = tree(rewritten)
+    patch = patch_file(tmp_path, "p", {"a.txt": [hunk("a.txt", LINES, 10, "LINE 11")]})
+    (result,) = verdict_of(root, patch)
+    assert (result.verdict, result.action) == ("upstream in another form", "drop")
+
+
+def test_conflict_lists_every_failing_hunk_and_file(tree, tmp_path: Path) -> None:
+    drifted = list(LINES)
+    drifted[9] = "line 10 (changed upstream)"  # inner context: beyond any fuzz
+    drifted[29] = "line 30 (changed upstream)"
+    root = tree(drifted, drifted)
+    patch = patch_file(
+        tmp_path,
+        "p",
+        {
+            "a.txt": [hunk("a.txt", LINES, 10, "LINE 11"), hunk("a.txt", LINES, 30, "LINE 31")],
+            "b.txt": [hunk("b.txt", LINES, 20, "LINE 21"), hunk("b.txt", LINES, 30, "LINE 31")],
+        },
+    )
+    (result,) = verdict_of(root, patch)
+    assert (result.verdict, result.action) == ("conflict", "refresh")
+    assert [(h.file, h.hunk, h.verdict) for h in result.failing] == [
+        ("a.txt", "@@ -8,7 +8,7 @@", "conflict"),
+        ("a.txt", "@@ -28,7 +28,7 @@", "conflict"),
+        ("b.txt", "@@ -28,7 +28,7 @@", "conflict"),
+    ]
+    assert [h.verdict for h in result.hunks if h.file == "b.txt"] == ["clean", "conflict"]
+
+
+def test_the_series_goes_on_past_a_failure(tree, tmp_path: Path) -> None:
+    drifted = list(LINES)
+    drifted[9] = "line 10 (changed upstream)"
+    root = tree(drifted)
+    first = patch_file(tmp_path, "0001", {"a.txt": [hunk("a.txt", LINES, 10, "LINE 11")]})
+    second = patch_file(tmp_path, "0002", {"a.txt": [hunk("a.txt", LINES, 30, "LINE 31")]})
+    results = verdict_of(root, first, second)
+    assert [r.verdict for r in results] == ["conflict", "clean"]
+
+
+def test_a_vanished_hunk_beside_applying_ones_is_a_conflict_to_refresh(
+    tree, tmp_path: Path
+) -> None:
+    """Not dropped: only part of the patch's change is gone from upstream."""
+    rewritten = list(LINES)
+    rewritten[10] = "line eleven, rewritten upstream"
+    root = tree(rewritten)
+    patch = patch_file(
+        tmp_path,
+        "p",
+        {"a.txt": [hunk("a.txt", LINES, 10, "LINE 11"), hunk("a.txt", LINES, 30, "LINE 31")]},
+    )
+    (result,) = verdict_of(root, patch)
+    assert (result.verdict, result.action) == ("conflict", "refresh")
+    assert [h.verdict for h in result.failing] == ["upstream in another form"]

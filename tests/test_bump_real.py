@@ -1,0 +1,66 @@
+"""Integration: `bump` on real releases, checked by hand against upstream (docs/bumps.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """sha256 of every file bump must leave alone: pins.toml, patches/, vendor/ (no .git)."""
+    paths = [root / "pins.toml", *(root / "patches").rglob("*")]
+    paths += [p for p in (root / "vendor").rglob("*") if ".git" not in p.parts]
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in paths
+        if p.is_file()
+    }
+
+
+def bump(root: Path, *candidates: str) -> list[dict]:
+    out = root / "bump.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "sm120_build", "bump", *candidates, "--json", str(out)],
+        cwd=root,
+        env=dict(os.environ, SM120_CACHE_DIR=str(root / ".cache")),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def by_patch(report: dict) -> dict[str, dict]:
+    return {p["patch"][:4]: p for p in report["patches"]}
+
+
+def test_flashinfer_0_6_4(vendored_project: Path) -> None:
+    before = snapshot(vendored_project)
+    (report,) = bump(vendored_project, "flashinfer-python==0.6.4")
+    assert snapshot(vendored_project) == before
+    patches = by_patch(report)
+    # 0.6.4 carries PR 2557, the FP4 power-of-two fix of 0005, written its own way.
+    assert patches["0005"]["verdict"] in ("upstream in another form", "upstream")
+    assert patches["0005"]["action"] == "drop"
+    # 0004's cluster clamp is not upstream until 0.6.17, but PR 2557 rewrote the FP4 block
+    # one of its hunks edits: a conflict naming that hunk, to refresh.
+    assert patches["0004"]["verdict"] == "conflict"
+    assert [
+        (h["file"], h["hunk"]) for h in patches["0004"]["hunks"] if h["verdict"] != "clean"
+    ] == [("include/flashinfer/comm/trtllm_allreduce_fusion.cuh", "@@ -1435,17 +1441,17 @@")]
+    assert {patches[n]["verdict"] for n in ("0001", "0002", "0003", "0007")} == {"clean"}
+    assert any("flashinfer-cubin 0.6.4" in line for line in report["related"])
+
+
+def test_a_candidate_whose_scoped_files_moved_is_reported(vendored_project: Path) -> None:
+    (report,) = bump(vendored_project, "sglang==0.5.23")
+    assert "sglang/sglang/srt/layers/communicator.py" in report["audit"]["missing_scope"]
+    assert any("MISSING" in line for line in report["audit"]["lines"])
