@@ -202,3 +202,13 @@ def test_device_gate_hidden_behind_a_macro_is_found(tmp_path: Path) -> None:
         ("csrc/trtllm_allreduce.cu", 4, "fused_kernel", "#if PDL_SUPPORTED")
     ]
     assert "lines 5-5 vanish for sm_120a" in found[0].detail
+
+
+def test_scoped_files_that_moved_are_reported_missing(tmp_path: Path) -> None:
+    from sm120_build.audit import missing_scope
+
+    (tmp_path / "sglang/srt/layers").mkdir(parents=True)
+    (tmp_path / "sglang/srt/layers/layernorm.py").write_text("")
+    missing = missing_scope(tmp_path, "sglang")
+    assert "sglang/sglang/srt/layers/communicator.py" in missing
+    assert "sglang/sglang/srt/layers/layernorm.py" not in missing

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from sm120_build.bump import classify_series
+from sm120_build.bump import Candidate, PatchVerdict, classify_series, write
 from sm120_build.gitrepo import git
 from sm120_build.patches import read_patch
+from sm120_build.pins import load as load_pins
 
 from .conftest import HEADER
 
@@ -166,3 +168,38 @@ def test_a_vanished_hunk_beside_applying_ones_is_a_conflict_to_refresh(
     (result,) = verdict_of(root, patch)
     assert (result.verdict, result.action) == ("conflict", "refresh")
     assert [h.verdict for h in result.failing] == ["upstream in another form"]
+
+
+def test_write_moves_the_pin_and_drops_what_upstream_carries(tmp_path: Path) -> None:
+    pins_file = tmp_path / "pins.toml"
+    pins_file.write_text(
+        '[upstream.demo]\nproject = "demo"\nversion = "1.0"\nsdist = "demo-1.0.tar.gz"\n'
+        f'sha256 = "{"0" * 64}"\ngit_url = ""\ngit_tag = "v1.0"\ngit_commit = "abc"\n\n'
+        '[toolkit]\nrequirement = "cuda-toolkit==13.0.2"\n'
+    )
+    series = tmp_path / "patches" / "demo"
+    series.mkdir(parents=True)
+    for name in ("0001-kept.patch", "0002-fixed-upstream.patch"):
+        (series / name).write_text("x\n")
+    (series / "series").write_text("0001-kept.patch\n0002-fixed-upstream.patch\n")
+    pins = load_pins(pins_file)
+    moved = replace(
+        pins.upstreams["demo"],
+        version="1.1",
+        sdist="demo-1.1.tar.gz",
+        sha256="1" * 64,
+        git_tag="v1.1",
+        git_commit="def",
+    )
+    verdicts = [
+        PatchVerdict("0001-kept.patch", "clean", "keep", []),
+        PatchVerdict("0002-fixed-upstream.patch", "upstream", "drop", []),
+    ]
+    done = write([Candidate(moved, verdicts)], pins, pins_file, tmp_path / "patches", tmp_path)
+    assert load_pins(pins_file).upstreams["demo"] == moved
+    assert (series / "series").read_text() == (
+        "0001-kept.patch\n"
+        "# 0002-fixed-upstream.patch: dropped, upstream in demo 1.1 (nox -s bump)\n"
+    )
+    assert not (series / "0002-fixed-upstream.patch").exists()
+    assert len(done) == 2

@@ -416,12 +416,55 @@ def audit_summary(report: Report, missing: list[str]) -> GateSummary:
     return GateSummary(summary, report.as_json(), missing)
 
 
-def write(results: list[Candidate], pins_file: Path, patches_root: Path) -> list[str]:
-    """Apply the candidates: new pins, and patches upstream already carries dropped from
-    their series with a comment. Returns what was done, for the user."""
+def companion_hashes(name: str, version: str, scratch: Path) -> list[str]:
+    """sha256 of each wheel of a companion release, downloaded through pip."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            f"{name}=={version}",
+            "--dest",
+            str(scratch),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    wheels = sorted(scratch.glob("*.whl"))
+    if result.returncode != 0 or not wheels:
+        raise UserError(f"pip could not download {name}=={version}:\n{result.stderr[-2000:]}")
+    return [sha256_of(wheel) for wheel in wheels]
+
+
+def _move_companion(text: str, name: str, version: str, hashes: list[str]) -> str:
+    table = re.search(rf"^\[companions\.{re.escape(name)}\]\n(.*?)(?=^\[|\Z)", text, re.M | re.S)
+    if table is None:
+        return text
+    block = re.sub(r'^version = "[^"]*"', f'version = "{version}"', table.group(1), flags=re.M)
+    listed = ", ".join(f'"{digest}"' for digest in hashes)
+    block = re.sub(r"^sha256 = \[[^\]]*\]", f"sha256 = [{listed}]", block, flags=re.M)
+    return text[: table.start(1)] + block + text[table.end(1) :]
+
+
+def write(
+    results: list[Candidate], pins: Pins, pins_file: Path, patches_root: Path, scratch: Path
+) -> list[str]:
+    """Apply the candidates: new pins (the flashinfer-cubin companion moves with FlashInfer),
+    and patches upstream already carries dropped from their series with a comment. Returns
+    what was done, for the user."""
     text = pins_file.read_text()
     done = []
     for result in results:
+        if result.upstream.name == "flashinfer" and "flashinfer-cubin" in pins.companions:
+            version = result.upstream.version
+            hashes = companion_hashes("flashinfer-cubin", version, scratch / "cubin")
+            text = _move_companion(text, "flashinfer-cubin", version, hashes)
+            done.append(f"pins.toml: flashinfer-cubin -> {version}")
         upstream = result.upstream
         table_match = re.search(
             rf"^\[upstream\.{re.escape(upstream.name)}\]\n(.*?)(?=^\[|\Z)", text, re.M | re.S

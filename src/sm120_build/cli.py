@@ -88,18 +88,18 @@ def _bump(layout: Layout, args: argparse.Namespace) -> None:
         results = bump.evaluate(
             pinned, layout.patches, layout.vendor, candidates, scratch, audit_candidate
         )
-    for result in results:
-        print(bump.table(result))
-    if args.json:
-        args.json.write_text(bump.as_json(results))
-    if args.write:
-        for line in bump.write(results, layout.pins_file, layout.patches):
-            say(line)
-        say(
-            "next: `nox -s vendor` stops at the first patch to refresh; make its change in "
-            "vendor/NAME, commit it with its header, `nox -s vendor -- --continue NAME`, "
-            "repeat, then `nox -s export_patches`"
-        )
+        for result in results:
+            print(bump.table(result))
+        if args.json:
+            args.json.write_text(bump.as_json(results))
+        if args.write:
+            for line in bump.write(results, pinned, layout.pins_file, layout.patches, scratch):
+                say(line)
+            say(
+                "next: `nox -s vendor` stops at the first patch to refresh; make its change "
+                "in vendor/NAME, commit it with its header, `nox -s vendor -- --continue "
+                "NAME`, repeat, then `nox -s export_patches`"
+            )
 
 
 def _publish(layout: Layout, args: argparse.Namespace) -> None:
