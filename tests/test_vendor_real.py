@@ -4,10 +4,13 @@ effect of every patch on the resulting trees."""
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 import shutil
 import subprocess
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -164,31 +167,82 @@ def test_version_checks_compare_public_versions(root: Path) -> None:
     assert "flashinfer_version != flashinfer_cubin_version" not in text
 
 
-def sglang_gate(root: Path, sm90: bool, sm100: bool, sm120: bool, enabled: bool) -> bool:
-    namespace = {
-        "_is_sm90_supported": sm90,
-        "_is_sm100_supported": sm100,
-        "_is_sm120_supported": sm120,
-        "_is_flashinfer_available": True,
-        "FUSE_ALLREDUCE_MAX_BATCH_SIZE": 2048,
-        "is_dp_attention_enabled": lambda: False,
-        "get_global_server_args": lambda: SimpleNamespace(
-            enable_flashinfer_allreduce_fusion=enabled
+def module_level(source: str, keep: Callable[[ast.stmt], bool], namespace: dict) -> None:
+    """Execute the module-level statements of `source` that `keep` selects."""
+    tree = ast.parse(source)
+    exec(compile(ast.Module([n for n in tree.body if keep(n)], []), "<wheel>", "exec"), namespace)
+
+
+def sglang_gate(wheel: Path, major: int, enabled: bool) -> bool:
+    """apply_flashinfer_allreduce_fusion() of the built sglang wheel, on a device of this
+    capability major. The capability predicates and the module's own _is_sm* flags run from
+    the wheel's code; only torch's view of the device is given (there is no GPU here)."""
+    with zipfile.ZipFile(wheel) as archive:
+        common = archive.read("sglang/srt/utils/common.py").decode()
+        communicator = archive.read("sglang/srt/layers/communicator.py").decode()
+    device = SimpleNamespace(
+        cuda=SimpleNamespace(
+            is_available=lambda: True, get_device_capability=lambda device=None: (major, 0)
         ),
-    }
-    gate = load_function(
-        root / "vendor/sglang/sglang/srt/layers/communicator.py",
-        "apply_flashinfer_allreduce_fusion",
+        version=SimpleNamespace(cuda="12.8"),
+    )
+    utils: dict = {"torch": device, "lru_cache": functools.lru_cache, "partial": functools.partial}
+    module_level(
+        common,
+        lambda n: (
+            (isinstance(n, ast.FunctionDef) and n.name in ("_check_cuda_device_version", "is_cuda"))
+            or (
+                isinstance(n, ast.Assign)
+                and any(
+                    isinstance(t, ast.Name) and re.fullmatch(r"is_sm\d+_supported", t.id)
+                    for t in n.targets
+                )
+            )
+        ),
+        utils,
+    )
+    (imported,) = [
+        n
+        for n in ast.parse(communicator).body
+        if isinstance(n, ast.ImportFrom) and n.module == "sglang.srt.utils"
+    ]
+    namespace = {alias.name: utils[alias.name] for alias in imported.names if alias.name in utils}
+    namespace.update(
+        is_flashinfer_available=lambda: True,
+        is_dp_attention_enabled=lambda: False,
+        get_global_server_args=lambda: SimpleNamespace(enable_flashinfer_allreduce_fusion=enabled),
+    )
+    module_level(
+        communicator,
+        lambda n: (
+            (
+                isinstance(n, ast.Assign)
+                and isinstance(n.targets[0], ast.Name)
+                and (
+                    n.targets[0].id.startswith("_is_sm")
+                    or n.targets[0].id
+                    in ("_is_cuda", "_is_flashinfer_available", "FUSE_ALLREDUCE_MAX_BATCH_SIZE")
+                )
+            )
+            or (isinstance(n, ast.FunctionDef) and n.name == "apply_flashinfer_allreduce_fusion")
+        ),
         namespace,
     )
-    return gate(batch_size=64)
+    return bool(namespace["apply_flashinfer_allreduce_fusion"](batch_size=64))
 
 
-def test_sglang_fusion_gate_admits_sm120_when_asked(root: Path) -> None:
-    assert sglang_gate(root, sm90=False, sm100=False, sm120=True, enabled=True)
-    assert not sglang_gate(root, sm90=False, sm100=False, sm120=True, enabled=False)
-    assert not sglang_gate(root, sm90=False, sm100=False, sm120=False, enabled=True)
-    assert sglang_gate(root, sm90=True, sm100=False, sm120=False, enabled=True)
+@pytest.fixture(scope="module")
+def sglang_wheel(built_project: Path) -> Path:
+    (wheel,) = (built_project / "wheelhouse").glob("sglang-*.whl")
+    return wheel
+
+
+def test_sglang_fusion_gate_admits_sm120_when_asked(sglang_wheel: Path) -> None:
+    assert sglang_gate(sglang_wheel, major=12, enabled=True)
+    assert not sglang_gate(sglang_wheel, major=12, enabled=False)
+    assert not sglang_gate(sglang_wheel, major=8, enabled=True)
+    assert sglang_gate(sglang_wheel, major=9, enabled=True)
+    assert sglang_gate(sglang_wheel, major=10, enabled=True)
 
 
 def test_sglang_auto_enable_is_untouched(root: Path) -> None:
