@@ -46,13 +46,15 @@ BUILD_REQUIREMENTS, TEST_REQUIREMENTS, PUBLISH_REQUIREMENTS = (
 
 
 def _pyenv_interpreters() -> None:
-    """pyenv keeps all but one Python behind shims that fail; list every installed 3.x in
-    PYENV_VERSION so nox finds python3.10 ... python3.13 there too."""
-    if "PYENV_VERSION" in os.environ or not (Path.home() / ".pyenv" / "versions").is_dir():
-        return
-    current = subprocess.run(["pyenv", "version-name"], capture_output=True, text=True).stdout
+    """pyenv serves one Python through its shims (the one in PYENV_VERSION, which its shims
+    export); add every installed 3.x after it so nox finds python3.10 ... python3.13 too."""
     versions = sorted(p.name for p in (Path.home() / ".pyenv" / "versions").glob("3.*"))
-    os.environ["PYENV_VERSION"] = ":".join(dict.fromkeys([current.strip(), *versions]))
+    if not versions:
+        return
+    current = os.environ.get("PYENV_VERSION") or subprocess.run(
+        ["pyenv", "version-name"], capture_output=True, text=True
+    ).stdout.strip()
+    os.environ["PYENV_VERSION"] = ":".join(dict.fromkeys([*current.split(":"), *versions]))
 
 
 _pyenv_interpreters()

@@ -236,7 +236,7 @@ def fetch_candidate(upstream: Upstream, version: str, scratch: Path) -> Path:
     return found[0]
 
 
-def _git_commit(tree: Path, name: str) -> str:
+def _git_commit(tree: Path) -> str:
     """The upstream commit a release records: FlashInfer's _build_meta, sglang's _version."""
     for path, pattern in (
         ("flashinfer/_build_meta.py", r'__git_version__ = "([0-9a-f]+)"'),
@@ -351,7 +351,7 @@ def evaluate(
         say(f"{upstream.project} {version}: {sdist.name} sha256 {upstream.sha256}")
         tree = directory / "tree"
         make_pristine_tree(upstream, sdist, tree)
-        upstream = replace(upstream, git_commit=_git_commit(tree, pinned.name) or pinned.git_commit)
+        upstream = replace(upstream, git_commit=_git_commit(tree))
         moved[pinned.name] = upstream
         trees[pinned.name] = tree
     for name, upstream in moved.items():
