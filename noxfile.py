@@ -51,9 +51,10 @@ def _pyenv_interpreters() -> None:
     versions = sorted(p.name for p in (Path.home() / ".pyenv" / "versions").glob("3.*"))
     if not versions:
         return
-    current = os.environ.get("PYENV_VERSION") or subprocess.run(
-        ["pyenv", "version-name"], capture_output=True, text=True
-    ).stdout.strip()
+    current = (
+        os.environ.get("PYENV_VERSION")
+        or subprocess.run(["pyenv", "version-name"], capture_output=True, text=True).stdout.strip()
+    )
     os.environ["PYENV_VERSION"] = ":".join(dict.fromkeys([*current.split(":"), *versions]))
 
 
