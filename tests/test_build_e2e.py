@@ -75,8 +75,16 @@ def test_wheelhouse_holds_exactly_three_wheels_and_their_hashes(builds) -> None:
     for line in (root / "wheelhouse" / "SHA256SUMS").read_text().splitlines():
         digest, name = line.split("  ")
         assert hashlib.sha256((root / "wheelhouse" / name).read_bytes()).hexdigest() == digest
+    # Our three wheels by their own hashes, and the flashinfer-cubin companion by its pin.
     requirements = (root / "wheelhouse" / "requirements.txt").read_text()
-    assert requirements.count("--hash=sha256:") == 3
+    sums = dict(
+        reversed(line.split("  "))
+        for line in (root / "wheelhouse" / "SHA256SUMS").read_text().splitlines()
+    )
+    expected = {sums[name] for name in names if name.endswith(".whl")}
+    expected |= set(load_pins(root / "pins.toml").companions["flashinfer-cubin"].sha256)
+    assert set(re.findall(r"--hash=sha256:([0-9a-f]{64})", requirements)) == expected
+    assert len(expected) == 4
 
 
 def test_two_clean_builds_are_byte_identical(builds) -> None:

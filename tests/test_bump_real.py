@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -60,7 +62,39 @@ def test_flashinfer_0_6_4(vendored_project: Path) -> None:
     assert any("flashinfer-cubin 0.6.4" in line for line in report["related"])
 
 
-def test_a_candidate_whose_scoped_files_moved_is_reported(vendored_project: Path) -> None:
-    (report,) = bump(vendored_project, "sglang==0.5.23")
+def sglang_without_communicator(root: Path, links: Path, version: str) -> None:
+    """The pinned sglang sdist re-released as `version` with layers/communicator.py gone,
+    as upstream did by 0.5.23 (whose sdist the index does not carry)."""
+    (pinned,) = (root / ".cache" / "sdists").glob("*/sglang-0.5.9.tar.gz")
+    old_top, new_top = "sglang-0.5.9/", f"sglang-{version}/"
+    links.mkdir()
+    with (
+        tarfile.open(pinned) as source,
+        tarfile.open(links / f"sglang-{version}.tar.gz", "w:gz") as target,
+    ):
+        for member in source.getmembers():
+            if member.name == old_top + "sglang/srt/layers/communicator.py":
+                continue
+            data = source.extractfile(member) if member.isfile() else None
+            path = member.name + ("/" if member.isdir() else "")
+            assert path.startswith(old_top), member.name
+            member.name = (new_top + path.removeprefix(old_top)).rstrip("/")
+            member.pax_headers.pop("path", None)  # long names: the header would win
+            if member.name == new_top + "PKG-INFO" and data is not None:
+                text = data.read().decode().replace("Version: 0.5.9\n", f"Version: {version}\n", 1)
+                assert f"Version: {version}" in text
+                data = io.BytesIO(text.encode())
+                member.size = len(text.encode())
+            target.addfile(member, data)
+
+
+def test_a_candidate_whose_scoped_files_moved_is_reported(
+    vendored_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    links = tmp_path / "links"
+    sglang_without_communicator(vendored_project, links, "0.5.9.post99")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    (report,) = bump(vendored_project, "sglang==0.5.9.post99")
+    assert report["upstream"]["version"] == "0.5.9.post99"
     assert "sglang/sglang/srt/layers/communicator.py" in report["audit"]["missing_scope"]
     assert any("MISSING" in line for line in report["audit"]["lines"])
