@@ -32,7 +32,10 @@ def _tool_pins() -> dict[str, list[str]]:
     """The tool pins of pins.toml by table; a broken pins.toml stops nox with one line."""
     try:
         data = tomllib.loads((ROOT / "pins.toml").read_text())
-        return {table: list(data[table]["requirements"]) for table in ("build", "test", "publish")}
+        return {
+            table: list(data[table]["requirements"])
+            for table in ("build", "render", "test", "publish")
+        }
     except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
         sys.exit(f"nox: cannot read the tool pins in pins.toml ({type(exc).__name__}: {exc})")
 
@@ -43,6 +46,8 @@ BUILD_REQUIREMENTS, TEST_REQUIREMENTS, PUBLISH_REQUIREMENTS = (
     PINS["test"],
     PINS["publish"],
 )
+# The sessions that compile modules also render them with the patched FlashInfer.
+COMPILE_REQUIREMENTS = [*BUILD_REQUIREMENTS, *PINS["render"]]
 
 
 def _pyenv_interpreters() -> None:
@@ -115,8 +120,14 @@ def audit_gates(session: nox.Session) -> None:
 
 @nox.session
 def build_wheels(session: nox.Session) -> None:
-    """Build the three wheels into wheelhouse/. Options: --arch 12.0a [--arch 9.0a], --cuda-home."""
-    _install_tool(session, *BUILD_REQUIREMENTS)
+    """Build the three wheels into wheelhouse/.
+
+    -- --profile comm|sglang-sm120   the FlashInfer modules to build ahead of time (profiles.toml)
+    -- --module NAME                 one module recipe more (repeatable)
+    -- --arch 12.0a [--arch 12.1a]   targets (default: the SM12x family, see README)
+    -- --cuda-home PATH              a system CUDA toolkit instead of the pinned pip one
+    """
+    _install_tool(session, *COMPILE_REQUIREMENTS)
     session.run("sm120-build", "build-wheels", *session.posargs)
 
 
@@ -136,7 +147,7 @@ def publish(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmark: cold build time by stage, no-op rebuild time, wheel sizes (not a test)."""
-    _install_tool(session, *BUILD_REQUIREMENTS)
+    _install_tool(session, *COMPILE_REQUIREMENTS)
     session.run("python", "-m", "sm120_build.bench", *session.posargs)
 
 
@@ -186,7 +197,7 @@ def tests(session: nox.Session) -> None:
 
     Afterwards the fast tests run on every other Python the package claims (tests_fast).
     """
-    _install_tool(session, *BUILD_REQUIREMENTS, *TEST_REQUIREMENTS, *PUBLISH_REQUIREMENTS)
+    _install_tool(session, *COMPILE_REQUIREMENTS, *TEST_REQUIREMENTS, *PUBLISH_REQUIREMENTS)
     session.run("pytest", *session.posargs)
     this = f"{sys.version_info.major}.{sys.version_info.minor}"
     for version in PYTHONS:

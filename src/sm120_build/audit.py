@@ -16,18 +16,63 @@ import fnmatch
 import os
 import re
 import subprocess
+import sysconfig
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .build import TRTLLM_COMM_CUDA_FLAGS, TRTLLM_COMM_DEFINES, TRTLLM_COMM_SOURCES, include_dirs
+from .build import tvm_ffi_include_dirs
 from .errors import UserError
 from .gitrepo import export_tree, git
 from .patches import series_names
 from .pins import read_toml
 from .toolkit import Toolkit
 from .vendor import read_state
+
+# The audit preprocesses trtllm_comm's translation units (flashinfer/jit/comm.py) the way
+# FlashInfer's JIT compiles them (flashinfer/jit/core.py gen_jit_spec, cpp_ext.py; CUDA >= 12.8,
+# non-debug), for a reference arch and the target, to find code the target loses. Only the
+# preprocessor sees these; the build takes its flags from FlashInfer itself (jit_specs.py).
+TRTLLM_COMM_SOURCES = (
+    "csrc/trtllm_allreduce.cu",
+    "csrc/trtllm_allreduce_fusion.cu",
+    "csrc/trtllm_moe_allreduce_fusion.cu",
+)
+TRTLLM_COMM_DEFINES = (
+    "FLASHINFER_ENABLE_F16",
+    "FLASHINFER_ENABLE_BF16",
+    "FLASHINFER_ENABLE_FP8_E4M3",
+    "FLASHINFER_ENABLE_FP8_E5M2",
+    "FLASHINFER_ENABLE_FP8_E8M0",
+    "FLASHINFER_ENABLE_FP4_E2M1",
+    "NDEBUG",
+    "Py_LIMITED_API=0x03090000",
+    "_GLIBCXX_USE_CXX11_ABI=1",
+)
+TRTLLM_COMM_CUDA_FLAGS = (
+    "-O3",
+    "--threads=1",
+    "-use_fast_math",
+    "--expt-relaxed-constexpr",
+    "-static-global-template-stub=false",
+)
+
+
+def include_dirs(tree: Path, toolkit: Toolkit) -> list[str]:
+    """The include path of FlashInfer's JIT build, in its order, for a flashinfer tree."""
+    return [
+        sysconfig.get_path("include"),
+        str(toolkit.home / "include"),
+        str(toolkit.home / "include" / "cccl"),
+        *tvm_ffi_include_dirs(),
+        str(tree / "include"),
+        str(tree / "csrc"),
+        str(tree / "3rdparty" / "cutlass" / "include"),
+        str(tree / "3rdparty" / "cutlass" / "tools" / "util" / "include"),
+        str(tree / "3rdparty" / "spdlog" / "include"),
+    ]
+
 
 REFERENCE_ARCH = "100a"  # an arch upstream's trtllm_comm supports
 TARGET_ARCH = "120a"

@@ -15,14 +15,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import build, pins, pipeline
+from . import cli, pins, pipeline
 from .layout import Layout, repo_root
 
 
 def _scratch_project(source: Path, scratch: Path) -> Layout:
     root = scratch / "project"
     root.mkdir()
-    for name in ("pins.toml", "audit-waivers.toml"):
+    for name in ("pins.toml", "audit-waivers.toml", "profiles.toml"):
         shutil.copy(source / name, root)
     for name in ("patches", "kernel"):
         shutil.copytree(
@@ -35,18 +35,17 @@ def _scratch_project(source: Path, scratch: Path) -> Layout:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench", description=__doc__)
-    parser.add_argument(
-        "--arch", action="append", metavar="ARCH", help="as for build_wheels (default: 12.0a)"
-    )
+    cli.add_kernel_options(parser)
     args = parser.parse_args(argv)
-    archs = [build.Arch.parse(text) for text in args.arch or ["12.0a"]]
     source = repo_root()
     with tempfile.TemporaryDirectory(prefix="sm120-bench-") as scratch:
         layout = _scratch_project(source, Path(scratch))
         pinned = pins.load(layout.pins_file)
-        cold = pipeline.build_wheels(layout, pinned, archs, None)
+        request = cli.kernel_request(layout, args)
+        archs = request.archs
+        cold = pipeline.build_wheels(layout, pinned, request)
         started = time.monotonic()
-        pipeline.build_wheels(layout, pinned, archs, None)
+        pipeline.build_wheels(layout, pinned, request)
         no_op = time.monotonic() - started
         sizes = {p.name: p.stat().st_size for p in sorted(layout.wheelhouse.glob("*.whl"))}
 

@@ -1,4 +1,4 @@
-"""Compile FlashInfer's trtllm_comm module ahead of time into the flashinfer-jit-cache wheel.
+"""Compile FlashInfer JIT modules ahead of time into the flashinfer-jit-cache wheel.
 
 scikit-build-core drives kernel/CMakeLists.txt with CMake and ninja. Everything the build
 depends on is passed in explicitly, and the flags nvcc really ran with are read back from
@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -28,32 +29,8 @@ from .errors import UserError
 from .gitrepo import export_tree
 from .toolkit import Toolkit
 
-# The translation units of FlashInfer's trtllm_comm JIT module (flashinfer/jit/comm.py).
-TRTLLM_COMM_SOURCES = (
-    "csrc/trtllm_allreduce.cu",
-    "csrc/trtllm_allreduce_fusion.cu",
-    "csrc/trtllm_moe_allreduce_fusion.cu",
-)
-# FlashInfer's JIT flags for trtllm_comm (flashinfer/jit/core.py gen_jit_spec, cpp_ext.py),
-# CUDA >= 12.8, non-debug. The flag-parity test compares them with what the JIT renders.
-TRTLLM_COMM_DEFINES = (
-    "FLASHINFER_ENABLE_F16",
-    "FLASHINFER_ENABLE_BF16",
-    "FLASHINFER_ENABLE_FP8_E4M3",
-    "FLASHINFER_ENABLE_FP8_E5M2",
-    "FLASHINFER_ENABLE_FP8_E8M0",
-    "FLASHINFER_ENABLE_FP4_E2M1",
-    "NDEBUG",
-    "Py_LIMITED_API=0x03090000",
-    "_GLIBCXX_USE_CXX11_ABI=1",
-)
-TRTLLM_COMM_CUDA_FLAGS = (
-    "-O3",
-    "--threads=1",
-    "-use_fast_math",
-    "--expt-relaxed-constexpr",
-    "-static-global-template-stub=false",
-)
+# The default targets: see README ("Which arch") for the measurement behind the choice.
+DEFAULT_ARCHS = ["12.0a"]
 _ARCH = re.compile(r"^(\d+)\.(\d)([af]?)$")
 
 # nvcc names each translation unit's internal namespace after a hash of the source file's
@@ -93,14 +70,20 @@ class Arch:
         return f"sm{self.major}{self.minor}{self.suffix}"
 
     @property
-    def cmake(self) -> str:
-        # "-real": machine code only, no PTX, like FlashInfer's code=sm_XYa.
-        return f"{self.major}{self.minor}{self.suffix}-real"
+    def gencode(self) -> str:
+        """As FlashInfer's CompilationContext writes it: machine code only, no PTX."""
+        code = f"{self.major}{self.minor}{self.suffix}"
+        return f"-gencode=arch=compute_{code},code=sm_{code}"
 
 
 def check_archs(archs: list[Arch], toolkit: Toolkit) -> None:
-    """Refuse, before compiling, any arch this toolkit cannot build."""
+    """Refuse, before compiling, any arch this toolkit cannot build or FP4 cannot use."""
     for arch in archs:
+        if arch.major == 12 and not arch.suffix:
+            raise UserError(
+                f"--arch {arch}: plain sm_{arch.major}{arch.minor} lacks the FP4 instructions "
+                f"FlashInfer's SM12x kernels use (ptxas rejects them); use {arch}a or {arch}f"
+            )
         if arch.major >= 12 and toolkit.version < (12, 8):
             raise UserError(
                 f"{arch} needs CUDA 12.8 or newer; {toolkit.home} is CUDA "
@@ -112,12 +95,54 @@ def check_archs(archs: list[Arch], toolkit: Toolkit) -> None:
                 f"CUDA {toolkit.full_version} at {toolkit.home} cannot build {arch} "
                 f"(it builds {buildable})."
             )
+        # nvcc knows which a/f variants exist; --dryrun asks it without compiling.
+        with tempfile.TemporaryDirectory() as scratch:
+            empty = Path(scratch) / "empty.cu"
+            empty.write_text("")
+            result = subprocess.run(
+                [str(toolkit.nvcc), "--dryrun", "-c", str(empty), "-o", os.devnull, arch.gencode],
+                capture_output=True,
+                text=True,
+            )
+        if result.returncode != 0:
+            message = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
+            raise UserError(
+                f"--arch {arch}: CUDA {toolkit.full_version}'s nvcc rejects it: {message}"
+            )
+
+
+def check_modules_cover_archs(modules: list[Module], archs: list[Arch]) -> None:
+    """Refuse a build in which FlashInfer filtered a requested arch out of a module: the
+    module would ship without code for it. A module that names its own arch (fp4_quantization_121
+    is sm_121a whatever the list) is FlashInfer's choice, and is kept as it is."""
+    requested = {arch.gencode for arch in archs}
+    for module in modules:
+        gencodes = set(module.gencodes)
+        if not gencodes <= requested:
+            continue  # the module picks its own arch
+        majors = {int(re.search(r"compute_(\d+?)(\d)[af]?,", g).group(1)) for g in gencodes}  # type: ignore[union-attr]
+        dropped = [a for a in archs if a.gencode not in gencodes and a.major not in majors]
+        if dropped:
+            raise UserError(
+                f"FlashInfer builds {module.name} only for "
+                f"{', '.join(sorted(gencodes))}; it filters out "
+                f"{', '.join(str(a) for a in dropped)}. Drop that --arch, or the module."
+            )
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """A compiler cache put in front of nvcc and c++ (CMake's *_COMPILER_LAUNCHER)."""
+
+    program: Path
+    env: dict[str, str]
 
 
 @dataclass(frozen=True)
 class KernelBuild:
     wheel: Path
-    compile_commands: list[list[str]]  # nvcc argv per translation unit, paths symbolic
+    modules: dict[str, str]  # JIT module name -> the recipe that made it
+    compile_commands: list[list[str]]  # compiler argv per translation unit, paths symbolic
 
 
 def pip_wheel_command(project: Path, out_dir: Path, *options: str) -> list[str]:
@@ -133,21 +158,6 @@ def pip_wheel_command(project: Path, out_dir: Path, *options: str) -> list[str]:
         "--wheel-dir",
         str(out_dir),
         str(project),
-    ]
-
-
-def include_dirs(tree: Path, toolkit: Toolkit) -> list[str]:
-    """The include path of FlashInfer's JIT build, in its order, for a flashinfer tree."""
-    return [
-        sysconfig.get_path("include"),
-        str(toolkit.home / "include"),
-        str(toolkit.home / "include" / "cccl"),
-        *tvm_ffi_include_dirs(),
-        str(tree / "include"),
-        str(tree / "csrc"),
-        str(tree / "3rdparty" / "cutlass" / "include"),
-        str(tree / "3rdparty" / "cutlass" / "tools" / "util" / "include"),
-        str(tree / "3rdparty" / "spdlog" / "include"),
     ]
 
 
@@ -207,88 +217,252 @@ def _private_directory(path: Path) -> None:
         )
 
 
+# FlashInfer's JIT finds its headers and sources under flashinfer/data/, which its build
+# backend links to the top-level directories (build_backend.py _create_data_dir).
+_DATA_LINKS = {
+    "cutlass": "3rdparty/cutlass",
+    "spdlog": "3rdparty/spdlog",
+    "csrc": "csrc",
+    "include": "include",
+}
+
+
 @contextmanager
 def sources_at_fixed_path(flashinfer_tree: Path, inputs_digest: str) -> Iterator[Path]:
     """The committed flashinfer tree, exported for the build's duration to a private
-    directory named after the inputs; builds of the same inputs take turns."""
+    directory named after the inputs; builds of the same inputs take turns. FlashInfer's
+    generated sources are written beside it (workspace/), at a path as fixed as the tree's."""
     directory = SOURCE_ROOT / f"sm120-build-{inputs_digest[:16]}"
     _private_directory(directory)
     sources = directory / "flashinfer"
+    workspace = directory / "workspace"
     with exclusive_lock(directory / "lock", "another build of the same inputs"):
         try:
-            if sources.exists():
-                shutil.rmtree(sources)
+            for leftover in (sources, workspace):
+                if leftover.exists():
+                    shutil.rmtree(leftover)
             export_tree(flashinfer_tree, sources)
+            data = sources / "flashinfer" / "data"
+            data.mkdir()
+            for name, target in _DATA_LINKS.items():
+                (data / name).symlink_to(Path("..", "..", target), target_is_directory=True)
             yield sources
         finally:
             shutil.rmtree(sources, ignore_errors=True)
+            shutil.rmtree(workspace, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Module:
+    """One FlashInfer JIT module as FlashInfer's own JIT would build it (jit_specs.py)."""
+
+    name: str
+    recipe: str
+    cuda_sources: list[str]
+    cxx_sources: list[str]
+    cuda_flags: list[str]
+    cxx_flags: list[str]
+    link_flags: list[str]
+    device_link: bool
+
+    @property
+    def gencodes(self) -> list[str]:
+        return [flag for flag in self.cuda_flags if flag.startswith("-gencode=")]
+
+
+def render_modules(
+    sources: Path, recipes: dict[str, str], archs: list[Arch], toolkit: Toolkit
+) -> list[Module]:
+    """Ask the patched FlashInfer in `sources` what each recipe's modules consist of."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        # FlashInfer adds these to every module; a build must not depend on the shell's.
+        if not name.startswith(("FLASHINFER_", "CUDA_"))
+        and name not in ("CC", "CXX", "PYTHONPATH", "MAX_JOBS")
+    }
+    env.update(
+        PYTHONPATH=str(sources),
+        FLASHINFER_CUDA_ARCH_LIST=" ".join(str(arch) for arch in archs),
+        FLASHINFER_WORKSPACE_BASE=str(sources.parent / "workspace"),
+        CUDA_HOME=str(toolkit.home),
+        PYTHONHASHSEED="0",  # FlashInfer keeps its arch list in a set: fix the order
+    )
+    with step(f"rendering {len(recipes)} module recipe(s) with the patched FlashInfer"):
+        result = subprocess.run(
+            [sys.executable, "-m", "sm120_build.jit_specs"],
+            input=json.dumps({"recipes": recipes}),
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=sources.parent,
+        )
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines()
+        raise UserError(
+            f"FlashInfer could not render the modules for --arch "
+            f"{' '.join(str(a) for a in archs)}: {lines[-1] if lines else 'no output'}"
+            + ("" if "torch" not in result.stderr else " (is torch installed? run through nox)")
+        )
+    modules = [Module(**module) for module in json.loads(result.stdout)]
+    for module in modules:
+        if module.device_link:
+            raise UserError(
+                f"{module.name} needs nvcc device linking, which this build does not do yet"
+            )
+    check_modules_cover_archs(modules, archs)
+    return modules
+
+
+# What FlashInfer's JIT links every module with, which CMake does its own way: a shared
+# library, cudart static (see CMakeLists.txt), and no libcuda (no module calls the driver
+# API directly; verify.py checks the .so files' undefined symbols).
+_JIT_LINK_DEFAULTS = ("-shared", "-lcudart", "-lcuda")
+
+
+def _cmake_quote(word: str) -> str:
+    for special in ("\\", '"', "$", ";"):
+        word = word.replace(special, "\\" + special)
+    return f'"{word}"'
+
+
+def _split_includes(flags: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(-I dirs, -isystem dirs, other flags), each in order."""
+    includes: list[str] = []
+    system: list[str] = []
+    rest: list[str] = []
+    words = iter(flags)
+    for word in words:
+        if word == "-isystem":
+            system.append(next(words))
+        elif word.startswith("-I"):
+            includes.append(word[2:] or next(words))
+        else:
+            rest.append(word)
+    return includes, system, rest
+
+
+def modules_cmake(modules: list[Module], toolkit: Toolkit) -> str:
+    """The flashinfer_module() calls of kernel/CMakeLists.txt for `modules`."""
+    stubs = str(toolkit.home / "lib64" / "stubs")
+    lines = ["# Rendered by sm120_build from the patched FlashInfer's JIT specs.", ""]
+    for module in modules:
+        includes, system, cuda_flags = _split_includes(module.cuda_flags)
+        cxx_includes, cxx_system, cxx_flags = _split_includes(module.cxx_flags)
+        if (cxx_includes, cxx_system) != (includes, system):
+            raise UserError(f"{module.name}: FlashInfer gives C++ and CUDA different includes")
+        link_dirs, libraries, link_flags = [], [], []
+        for flag in module.link_flags:
+            if flag in _JIT_LINK_DEFAULTS:
+                continue
+            if flag.startswith("-L"):
+                if flag[2:] != stubs:
+                    link_dirs.append(flag[2:])
+            elif flag.startswith("-l"):
+                libraries.append(flag[2:])
+            else:
+                link_flags.append(flag)
+        lines.append("flashinfer_module(")
+        lines.append(f"  NAME {module.name}")
+        for keyword, values in (
+            ("CUDA_SOURCES", module.cuda_sources),
+            ("CXX_SOURCES", module.cxx_sources),
+            ("INCLUDES", includes),
+            ("SYSTEM_INCLUDES", system),
+            ("CUDA_FLAGS", cuda_flags),
+            ("CXX_FLAGS", cxx_flags),
+            ("LINK_DIRS", link_dirs),
+            ("LIBRARIES", libraries),
+            ("LINK_FLAGS", link_flags),
+        ):
+            if values:
+                lines.append(f"  {keyword}")
+                lines.extend(f"    {_cmake_quote(value)}" for value in values)
+        lines.append(")")
+    return "\n".join(lines) + "\n"
 
 
 def build_jit_cache_wheel(
     *,
     flashinfer_tree: Path,
     kernel_project: Path,
+    recipes: dict[str, str],
     archs: list[Arch],
     toolkit: Toolkit,
     version: str,
     inputs_digest: str,
     scratch: Path,
     out_dir: Path,
+    launcher: Launcher | None,
 ) -> KernelBuild:
-    """Build flashinfer-jit-cache `version` into out_dir, in a build tree under `scratch`.
+    """Build flashinfer-jit-cache `version`, holding the modules `recipes` make, into
+    out_dir, in a build tree under `scratch`.
 
     `flashinfer_tree` must be the committed vendor tree: its HEAD is what gets compiled.
     `inputs_digest` names the private source directory (see SOURCE_ROOT).
     """
     build_dir = scratch / "build"
     with sources_at_fixed_path(flashinfer_tree, inputs_digest) as sources:
+        modules = render_modules(sources, recipes, archs, toolkit)
         project = scratch / "flashinfer-jit-cache"
         ignore = shutil.ignore_patterns("__pycache__", "_build_meta.py")
         shutil.copytree(kernel_project, project, ignore=ignore)
         (project / "flashinfer_jit_cache" / "_build_meta.py").write_text(
             f'__version__ = "{version}"\n'
         )
+        (project / "modules.cmake").write_text(modules_cmake(modules, toolkit))
         add_license_texts(sources, project / "licenses")
-        prefix_maps = [f"{sources}=flashinfer", *(f"{d}=tvm_ffi" for d in tvm_ffi_include_dirs())]
+        workspace = sources.parent / "workspace"
+        prefix_maps = [
+            f"{sources}=flashinfer",
+            f"{workspace}=flashinfer-generated",
+            *(f"{d}=tvm_ffi" for d in tvm_ffi_include_dirs()),
+        ]
         defines = {
-            "FLASHINFER_SOURCE_DIR": str(sources),
-            "CMAKE_CUDA_ARCHITECTURES": ";".join(arch.cmake for arch in archs),
+            "MODULES_FILE": str(project / "modules.cmake"),
+            "PREFIX_MAPS": ";".join(prefix_maps),
             "CMAKE_CUDA_COMPILER": str(toolkit.nvcc),
-            "TRTLLM_COMM_DEFINES": ";".join(TRTLLM_COMM_DEFINES),
-            "TRTLLM_COMM_CUDA_FLAGS": ";".join(TRTLLM_COMM_CUDA_FLAGS),
-            "TRTLLM_COMM_INCLUDE_DIRS": ";".join(include_dirs(sources, toolkit)),
-            "TRTLLM_COMM_PREFIX_MAPS": ";".join(prefix_maps),
             "CMAKE_EXPORT_COMPILE_COMMANDS": "ON",
         }
+        if launcher is not None:
+            defines["CMAKE_CUDA_COMPILER_LAUNCHER"] = str(launcher.program)
+            defines["CMAKE_CXX_COMPILER_LAUNCHER"] = str(launcher.program)
         command = pip_wheel_command(project, out_dir, "--verbose")
         command += ["--config-settings", f"build-dir={build_dir}"]
         for name, value in defines.items():
             command += ["--config-settings", f"cmake.define.{name}={value}"]
         env = dict(os.environ, CUDA_HOME=str(toolkit.home), CUDACXX=str(toolkit.nvcc))
         env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
+        if launcher is not None:
+            env.update(launcher.env)
+        units = sum(len(m.cuda_sources) + len(m.cxx_sources) for m in modules)
         with step(
-            f"compiling trtllm_comm for {', '.join(a.sm for a in archs)} "
-            f"with CUDA {toolkit.full_version} (minutes)"
+            f"compiling {len(modules)} module(s), {units} translation units, for "
+            f"{', '.join(a.sm for a in archs)} with CUDA {toolkit.full_version} (minutes)"
         ):
             result = subprocess.run(command, env=env)
         if result.returncode != 0:
             raise UserError(
-                "the trtllm_comm build failed (its output is above). Nothing was added to "
+                "the jit-cache build failed (its output is above). Nothing was added to "
                 "wheelhouse/."
             )
     wheels = sorted(out_dir.glob("flashinfer_jit_cache-*.whl"))
     if len(wheels) != 1:
         raise UserError(f"expected one flashinfer_jit_cache wheel in {out_dir}, found {wheels}")
     return KernelBuild(
-        wheel=wheels[0], compile_commands=_recorded_commands(build_dir, sources, toolkit)
+        wheel=wheels[0],
+        modules={module.name: module.recipe for module in modules},
+        compile_commands=_recorded_commands(build_dir, sources, toolkit),
     )
 
 
 def _recorded_commands(build_dir: Path, sources: Path, toolkit: Toolkit) -> list[list[str]]:
-    """nvcc's command line per translation unit, from compile_commands.json, paths symbolic."""
+    """The compiler's command line per translation unit, from compile_commands.json, paths
+    symbolic."""
     entries = json.loads((build_dir / "compile_commands.json").read_text())
     replacements = {
         str(sources): "$FLASHINFER",
+        str(sources.parent / "workspace"): "$FLASHINFER_GENERATED",
         str(toolkit.home): "$CUDA_HOME",
         sysconfig.get_path("include"): "$PYTHON_INCLUDE",
         str(build_dir): "$BUILD",
@@ -296,5 +470,5 @@ def _recorded_commands(build_dir: Path, sources: Path, toolkit: Toolkit) -> list
     }
     return [
         _symbolic(shlex.split(entry["command"]), replacements)
-        for entry in sorted(entries, key=lambda entry: entry["file"])
+        for entry in sorted(entries, key=lambda entry: (entry["file"], entry["output"]))
     ]

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
-from . import audit, build, bump, pins, pipeline, publish, toolkit, vendor
+from . import audit, build, bump, pins, pipeline, profiles, publish, toolkit, vendor
 from .cache import cache_lock, scratch_directory
 from .console import say
 from .errors import UserError
@@ -27,9 +27,43 @@ def _vendor(layout: Layout, args: argparse.Namespace) -> None:
     pipeline.vendor_all(layout, pinned, args.names)
 
 
+def kernel_request(layout: Layout, args: argparse.Namespace) -> pipeline.KernelRequest:
+    """--profile, --module, --arch and --cuda-home, checked before anything runs."""
+    recipes = profiles.load(layout.profiles_file).select(args.profile, args.module or [])
+    archs = [build.Arch.parse(text) for text in args.arch or build.DEFAULT_ARCHS]
+    return pipeline.KernelRequest(recipes, archs, args.cuda_home)
+
+
+def add_kernel_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--profile",
+        metavar="NAME",
+        help="the module set of profiles.toml to build: comm (default) or sglang-sm120",
+    )
+    parser.add_argument(
+        "--module",
+        action="append",
+        metavar="NAME",
+        help="a module recipe of profiles.toml to build, e.g. norm; repeatable; alone it "
+        "replaces the default profile, with --profile it adds to it",
+    )
+    parser.add_argument(
+        "--arch",
+        action="append",
+        metavar="ARCH",
+        help="target as FLASHINFER_CUDA_ARCH_LIST spells it, e.g. 12.0f or 9.0a; repeat "
+        f"for a fat binary (default: {' '.join(build.DEFAULT_ARCHS)})",
+    )
+    parser.add_argument(
+        "--cuda-home",
+        type=Path,
+        metavar="PATH",
+        help="use this system CUDA toolkit instead of the pinned pip toolkit",
+    )
+
+
 def _build_wheels(layout: Layout, args: argparse.Namespace) -> None:
-    archs = [build.Arch.parse(text) for text in args.arch or ["12.0a"]]
-    pipeline.build_wheels(layout, pins.load(layout.pins_file), archs, args.cuda_home)
+    pipeline.build_wheels(layout, pins.load(layout.pins_file), kernel_request(layout, args))
 
 
 def _export_patches(layout: Layout, args: argparse.Namespace) -> None:
@@ -150,21 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = commands.add_parser(
         "build-wheels",
         parents=[common],
-        help="vendor, compile trtllm_comm ahead of time and write the wheels to wheelhouse/",
+        help="vendor, compile FlashInfer modules ahead of time and write the wheels to wheelhouse/",
     )
-    sub.add_argument(
-        "--arch",
-        action="append",
-        metavar="ARCH",
-        help="target as FLASHINFER_CUDA_ARCH_LIST spells it, e.g. 12.0a or 9.0a; "
-        "repeat for a fat binary (default: 12.0a)",
-    )
-    sub.add_argument(
-        "--cuda-home",
-        type=Path,
-        metavar="PATH",
-        help="use this system CUDA toolkit instead of the pinned pip toolkit",
-    )
+    add_kernel_options(sub)
     sub.set_defaults(run=_build_wheels, locks_cache=True)
 
     sub = commands.add_parser(

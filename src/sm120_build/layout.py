@@ -26,6 +26,10 @@ class Layout:
         return self.root / "pins.toml"
 
     @property
+    def profiles_file(self) -> Path:
+        return self.root / "profiles.toml"
+
+    @property
     def waivers_file(self) -> Path:
         return self.root / "audit-waivers.toml"
 

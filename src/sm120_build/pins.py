@@ -117,9 +117,14 @@ def load(path: Path) -> Pins:
             )
         companions[name] = Companion(name, table["version"], tuple(hashes))
     build = _table(data, "build", path)
+    render = _table(data, "render", path)
     return Pins(
         upstreams=upstreams,
         toolkit_requirement=toolkit,
         companions=companions,
-        build_requirements=_strings(build.get("requirements", []), "[build] requirements", path),
+        # Both shape what gets built: render's torch sets the C++ ABI flag of every module.
+        build_requirements=[
+            *_strings(build.get("requirements", []), "[build] requirements", path),
+            *_strings(render.get("requirements", []), "[render] requirements", path),
+        ],
     )

