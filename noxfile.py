@@ -180,6 +180,20 @@ def verify_gpu(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none")
+def node_check(session: nox.Session) -> None:
+    """Prove this node will not JIT-compile: load every module of the profile, prebuilt.
+
+    Runs like verify_gpu, in the Python nox runs from (torch installed), after installing
+    wheelhouse/'s FlashInfer wheels there. Fails, naming the cause, when a module would be
+    JIT-compiled or does not load, when the jit-cache has no code for this GPU, or when the
+    two FlashInfer wheels come from different patch series.
+    Options after --: --arch 12.0 (no GPU here: check for that arch), --profile NAME
+    (default: the recipes the jit-cache wheel was built from), --json FILE.
+    """
+    _run_on_this_node(session, "sm120_build.node_check")
+
+
+@nox.session(venv_backend="none")
 def bench_gpu(session: nox.Session) -> None:
     """Benchmark fused vs NCCL+separate allreduce/residual/RMSNorm, one rank per GPU (>= 2).
 

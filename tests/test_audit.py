@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from sm120_build.audit import (
+    TRTLLM_COMM_SOURCES,
     Finding,
     Waiver,
     classify,
@@ -16,7 +17,6 @@ from sm120_build.audit import (
     enclosing_function,
     python_findings,
 )
-from sm120_build.build import TRTLLM_COMM_SOURCES
 from sm120_build.layout import Layout
 
 

@@ -312,6 +312,25 @@ def test_export_uses_each_old_name_once_and_never_overwrites_a_left_file(three_p
     assert len(set(names)) == len(names)
 
 
+def test_a_reworded_long_subject_gets_a_new_name_and_leaves_the_old_file(
+    three_patches,
+) -> None:
+    """Subjects longer than the 50-character slug: a suffix on the subject was cut off with
+    it, and export looped for ever looking for a free name."""
+    upstream, sdist, series, tree = three_patches
+    vendor_upstream(upstream, sdist, series, tree)
+    long = "Compare public versions in the cubin and jit-cache version checks"
+    message = f"Description: {long}\nAuthor: me\nForwarded: no\n"
+    git(tree, "commit", "--quiet", "--amend", "-m", message)
+    export_patches(upstream, tree, series)
+    first = "0003-compare-public-versions-in-the-cubin-and-jit-cache.patch"
+    assert (series / "series").read_text().splitlines()[-1] == first
+    git(tree, "commit", "--quiet", "--amend", "-m", message.replace(long, long + ", and more"))
+    names = export_patches(upstream, tree, series)
+    assert names[-1] == first.replace(".patch", "-2.patch")
+    assert (series / first).is_file()  # the old file stays, for the user to remove
+
+
 def test_rebuild_refuses_to_delete_files_hidden_by_global_excludes(
     two_patches, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

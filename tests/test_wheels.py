@@ -36,10 +36,10 @@ def cuda(version: tuple[int, int], *codes: str) -> Toolkit:
 
 def test_arch_spellings() -> None:
     arch = Arch.parse("12.0a")
-    assert (arch.sm, arch.label, arch.cmake, str(arch)) == (
+    assert (arch.sm, arch.label, arch.gencode, str(arch)) == (
         "sm_120a",
         "sm120a",
-        "120a-real",
+        "-gencode=arch=compute_120a,code=sm_120a",
         "12.0a",
     )
     assert Arch.parse("9.0a") < Arch.parse("12.0a")
@@ -55,7 +55,22 @@ def test_toolkit_older_than_12_8_is_refused_for_sm12x() -> None:
 def test_arch_the_toolkit_cannot_build_is_refused() -> None:
     with pytest.raises(UserError, match=r"cannot build 13.0a"):
         check_archs([Arch.parse("13.0a")], cuda((13, 0), "sm_90", "sm_120"))
-    check_archs([Arch.parse("9.0a"), Arch.parse("12.0a")], cuda((12, 8), "sm_90", "sm_120"))
+
+
+SYSTEM_CUDA = Path("/usr/local/cuda")
+
+
+@pytest.mark.skipif(not (SYSTEM_CUDA / "bin/nvcc").is_file(), reason="needs the system nvcc")
+def test_arch_refusals_up_front_with_the_real_nvcc() -> None:
+    from sm120_build.toolkit import probe
+
+    real = probe(SYSTEM_CUDA)
+    check_archs([Arch.parse(a) for a in ("9.0a", "12.0a", "12.0f", "12.1a", "12.1f")], real)
+    with pytest.raises(UserError, match=r"plain sm_120 lacks the FP4 .*use 12.0a or 12.0f"):
+        check_archs([Arch.parse("12.0")], real)
+    for rejected in ("8.0a", "9.0f", "8.9f"):
+        with pytest.raises(UserError, match=rf"--arch {rejected}: CUDA .*'s nvcc rejects it"):
+            check_archs([Arch.parse(rejected)], real)
 
 
 def make_wheel(path: Path, files: dict[str, bytes]) -> Path:

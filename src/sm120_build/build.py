@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cache import exclusive_lock
-from .console import step
+from .console import say, step
 from .errors import UserError
 from .gitrepo import export_tree
 from .toolkit import Toolkit
 
 # The default targets: see README ("Which arch") for the measurement behind the choice.
-DEFAULT_ARCHS = ["12.0a"]
+DEFAULT_ARCHS = ["12.0f"]
 _ARCH = re.compile(r"^(\d+)\.(\d)([af]?)$")
 
 # nvcc names each translation unit's internal namespace after a hash of the source file's
@@ -132,10 +132,28 @@ def check_modules_cover_archs(modules: list[Module], archs: list[Arch]) -> None:
 
 @dataclass(frozen=True)
 class Launcher:
-    """A compiler cache put in front of nvcc and c++ (CMake's *_COMPILER_LAUNCHER)."""
+    """sccache, put in front of nvcc and c++ (CMake's *_COMPILER_LAUNCHER)."""
 
     program: Path
     env: dict[str, str]
+    own_server: bool  # started for this build: report its counts and stop it afterwards
+
+    def finish(self) -> None:
+        if not self.own_server:
+            return
+        env = dict(os.environ, **self.env)
+        stats = subprocess.run(
+            [str(self.program), "--show-stats", "--stats-format", "json"],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        with suppress(ValueError, KeyError):
+            counts = json.loads(stats.stdout)["stats"]
+            hits = sum(counts["cache_hits"]["counts"].values())
+            misses = sum(counts["cache_misses"]["counts"].values())
+            say(f"sccache: {hits} hits, {misses} misses ({self.env['SCCACHE_DIR']})")
+        subprocess.run([str(self.program), "--stop-server"], capture_output=True, env=env)
 
 
 @dataclass(frozen=True)
@@ -440,7 +458,11 @@ def build_jit_cache_wheel(
             f"compiling {len(modules)} module(s), {units} translation units, for "
             f"{', '.join(a.sm for a in archs)} with CUDA {toolkit.full_version} (minutes)"
         ):
-            result = subprocess.run(command, env=env)
+            try:
+                result = subprocess.run(command, env=env)
+            finally:
+                if launcher is not None:
+                    launcher.finish()
         if result.returncode != 0:
             raise UserError(
                 "the jit-cache build failed (its output is above). Nothing was added to "

@@ -24,6 +24,7 @@ from .audit import Report
 from .cache import sha256_of
 from .console import say
 from .errors import UserError
+from .fetch import pip_download
 from .gitrepo import git
 from .patches import Hunk, Patch, hunks_of, load_series
 from .pins import Pins, Upstream
@@ -210,22 +211,8 @@ def parse_candidate(text: str, pins: Pins) -> tuple[Upstream, str]:
 def fetch_candidate(upstream: Upstream, version: str, scratch: Path) -> Path:
     """The candidate sdist, downloaded through pip's own configuration."""
     say(f"fetching {upstream.project}=={version} (sdist) through pip")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--no-deps",
-            "--no-binary",
-            upstream.project,
-            f"{upstream.project}=={version}",
-            "--dest",
-            str(scratch),
-        ],
-        capture_output=True,
-        text=True,
+    result = pip_download(
+        scratch, "--no-binary", upstream.project, f"{upstream.project}=={version}"
     )
     found = sorted(scratch.glob("*.tar.gz"))
     if result.returncode != 0 or len(found) != 1:
@@ -418,23 +405,7 @@ def audit_summary(report: Report, missing: list[str]) -> GateSummary:
 
 def companion_hashes(name: str, version: str, scratch: Path) -> list[str]:
     """sha256 of each wheel of a companion release, downloaded through pip."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--no-deps",
-            "--only-binary",
-            ":all:",
-            f"{name}=={version}",
-            "--dest",
-            str(scratch),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    result = pip_download(scratch, "--only-binary", ":all:", f"{name}=={version}")
     wheels = sorted(scratch.glob("*.whl"))
     if result.returncode != 0 or not wheels:
         raise UserError(f"pip could not download {name}=={version}:\n{result.stderr[-2000:]}")

