@@ -84,11 +84,13 @@ def write_series(series: Path, *patches: Path) -> None:
 
 
 def fresh_root(base: Path) -> Path:
-    """A scratch project root with this repo's pins, waivers, patches and kernel project."""
+    """A scratch project root with this repo's pins, waivers, profiles, patches and kernel
+    project."""
     root = base / "project"
     root.mkdir(parents=True)
     shutil.copy(REPO / "pins.toml", root)
     shutil.copy(REPO / "audit-waivers.toml", root)
+    shutil.copy(REPO / "profiles.toml", root)
     shutil.copytree(REPO / "patches", root / "patches")
     shutil.copytree(
         REPO / "kernel",

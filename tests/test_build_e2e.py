@@ -130,7 +130,9 @@ def test_provenance_records_inputs_toolkit_archs_and_flags(builds, provenance) -
     for patch in provenance["patches"]:
         assert patch["sha256"] == hashlib.sha256((REPO / patch["file"]).read_bytes()).hexdigest()
     assert provenance["toolkit"]["cuda"].startswith("13.0.")
-    assert provenance["archs"] == ["12.0a"]
+    assert provenance["archs"] == ["12.0f"]
+    assert provenance["recipes"] == {"trtllm_comm": "flashinfer.jit.comm:gen_trtllm_comm_module()"}
+    assert provenance["modules"] == {"trtllm_comm": "trtllm_comm"}
     assert len(provenance["compile_commands"]) == 3
     for project in ("flashinfer_python", "sglang"):
         with zipfile.ZipFile(wheel_of(builds[0], project)) as archive:
@@ -196,20 +198,24 @@ def cuda_tool(name: str) -> str:
     pytest.fail(f"{name} is not installed (pins.toml [test] requirements)")
 
 
-def test_one_sm_120a_elf_per_translation_unit(shared_object: Path) -> None:
-    listing = subprocess.run(
-        [cuda_tool("cuobjdump"), "--list-elf", str(shared_object)],
+def elf_archs(shared_object: Path) -> list[str]:
+    """The arch of each device ELF in a .so, as its cubin records it (sm_120f, sm_120a...)."""
+    dump = subprocess.run(
+        [cuda_tool("cuobjdump"), "--dump-elf", str(shared_object)],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    elves = re.findall(r"ELF file\s+\d+: (\S+)", listing)
-    assert len(elves) == 3, listing
-    assert all(elf.endswith(".sm_120a.cubin") for elf in elves), listing
+    return re.findall(r"^arch = (\S+)$", dump, flags=re.MULTILINE)
+
+
+def test_one_sm_120f_elf_per_translation_unit(shared_object: Path) -> None:
+    """The default 12.0f: one family image that runs on 12.0 and 12.1 (README, "Which arch")."""
+    assert elf_archs(shared_object) == ["sm_120f"] * 3
 
 
 def test_lifted_guards_put_the_grid_dependency_wait_into_the_sass(shared_object: Path) -> None:
-    """cudaGridDependencySynchronize() is ACQBULK in sm_120a SASS. Unpatched 0.6.3 has it in
+    """cudaGridDependencySynchronize() is ACQBULK in sm_120a/f SASS. Unpatched 0.6.3 has it in
     528 of its 1449 kernels (UPSTREAM-FACTS.md): every kernel of trtllm_allreduce.cuh's
     custom-allreduce path lacks it. With the bound lifted all kernels have it except the three
     lamport_initialize_kernel instances, which never wait on a predecessor."""
@@ -269,39 +275,51 @@ def test_no_op_rebuild_takes_seconds_and_sglang_patch_does_not_recompile(
     result = build_wheels(root)
     assert time.monotonic() - started < 60
     assert "reusing the cached build" in result.stderr
-    assert "compiling trtllm_comm" not in result.stderr
+    assert "compiling" not in result.stderr
     assert wheel_of(root, "flashinfer_jit_cache").read_bytes() == kernel_before
     assert wheel_of(root, "sglang").name != wheel_of(builds[1], "sglang").name
 
 
-def node_check(venv: Path, out: Path, **extra: str) -> dict:
-    env = {
+def node_env(venv: Path, home: Path) -> dict[str, str]:
+    return {
         "PATH": f"{venv / 'bin'}:/usr/bin:/bin",  # no CUDA toolkit on PATH
-        "HOME": str(out.parent),
+        "HOME": str(home),
+        "PYTHONPATH": str(REPO / "src"),
         "FLASHINFER_DISABLE_JIT": "1",
-        "FLASHINFER_CUDA_ARCH_LIST": "12.0a",
-        "NODE_CHECK_OUT": str(out),
-        **extra,
     }
-    args = ["--compile-commands"] if "CUDA_HOME" in extra else []
+
+
+def node_check(venv: Path, tmp_path: Path, *args: str) -> tuple[int, str, dict]:
+    """`nox -s node_check` as the node runs it: exit status, output, its JSON report."""
+    out = tmp_path / "node_check.json"
     result = subprocess.run(
-        [str(venv / "bin/python"), str(REPO / "tests/node_check.py"), *args],
+        [str(venv / "bin/python"), "-m", "sm120_build.node_check", "--json", str(out), *args],
+        env=node_env(venv, tmp_path),
+        capture_output=True,
+        text=True,
+    )
+    report = json.loads(out.read_text()) if out.is_file() else {}
+    return result.returncode, result.stdout + result.stderr, report
+
+
+def jit_commands(venv: Path, tmp_path: Path, cuda_home: Path) -> dict[str, list[dict]]:
+    """FlashInfer's own compile commands for every module the installed jit-cache records."""
+    env = dict(node_env(venv, tmp_path), CUDA_HOME=str(cuda_home))
+    env["FLASHINFER_CUDA_ARCH_LIST"] = "12.0f"
+    result = subprocess.run(
+        [str(venv / "bin/python"), str(REPO / "tests/jit_commands.py")],
         env=env,
         capture_output=True,
         text=True,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return json.loads(out.read_text())
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
 
 
-@pytest.fixture(scope="module")
-def node(builds, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtual environment with the wheels, flashinfer-cubin and CPU torch."""
-    venv = tmp_path_factory.mktemp("node") / "venv"
+def make_node(wheelhouse: Path, venv: Path) -> Path:
+    """A fresh virtual environment with the FlashInfer wheels, flashinfer-cubin and CPU torch."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    wheels = sorted(
-        str(p) for p in (builds[0] / "wheelhouse").glob("*.whl") if not p.name.startswith("sglang")
-    )
+    wheels = sorted(str(p) for p in wheelhouse.glob("flashinfer_*.whl"))
     subprocess.run(
         [
             str(venv / "bin/python"),
@@ -318,31 +336,63 @@ def node(builds, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return venv
 
 
-def test_node_loads_the_aot_module_without_nvcc_or_jit(node: Path, tmp_path: Path) -> None:
-    report = node_check(node, tmp_path / "report.json")
-    assert report["nvcc_on_path"] is None
-    assert re.fullmatch(r"0\.6\.3\+sm120\.p[0-9a-f]{8}", report["flashinfer"])
-    assert report["cubin"] == "0.6.3"
-    assert report["aot_dir"] == report["jit_cache_dir"]
-    assert report["is_aot"]
-    assert Path(report["aot_path"]).is_relative_to(report["jit_cache_dir"])
-    assert report["gencode"] == ["-gencode=arch=compute_120a,code=sm_120a"]
-    assert report["loaded_functions"] == [
-        "trtllm_allreduce_fusion",
-        "trtllm_custom_all_reduce",
-        "trtllm_moe_allreduce_fusion",
-    ]
+@pytest.fixture(scope="module")
+def node(builds, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_node(builds[0] / "wheelhouse", tmp_path_factory.mktemp("node") / "venv")
+
+
+def test_node_loads_every_module_without_nvcc_or_jit(node: Path, tmp_path: Path) -> None:
+    status, output, report = node_check(node, tmp_path, "--arch", "12.0")
+    assert status == 0, output
+    assert report["jit_compiles"] == 0
+    assert [m["module"] for m in report["modules"]] == ["trtllm_comm"]
+    assert all(m["aot"] and m["load_seconds"] < 30 for m in report["modules"])
+    assert re.fullmatch(r"0\.6\.3\+sm120\.p[0-9a-f]{8}", report["versions"]["flashinfer-python"])
+    assert report["archs"] == ["12.0f"]
+    assert "sm_120 (--arch)" in output
+    # DGX Spark (12.1) runs the 12.0f family image too.
+    assert node_check(node, tmp_path, "--arch", "12.1")[0] == 0
+
+
+def test_node_check_names_what_is_wrong(node: Path, tmp_path: Path) -> None:
+    status, output, report = node_check(node, tmp_path, "--arch", "9.0")
+    assert status == 1
+    assert "has code for 12.0f, none of which runs on sm_90 (--arch)" in output
+    # A profile the wheel does not carry: each missing module is named.
+    status, output, report = node_check(
+        node, tmp_path, "--arch", "12.0", "--profile", "sglang-sm120"
+    )
+    assert status == 1
+    assert "fused_moe_120 (fused_moe_120) would be JIT-compiled" in output
+    assert report["jit_compiles"] == len(report["modules"]) - 1  # all but trtllm_comm
+
+
+def test_flashinfer_refuses_a_jit_cache_of_another_patch_series(node: Path, tmp_path: Path) -> None:
+    """Patch 0007: both versions carry our p<8 hex> label, and they differ."""
+    (site,) = node.glob("lib/python3*/site-packages")
+    meta = site / "flashinfer_jit_cache" / "_build_meta.py"
+    original = meta.read_text()
+    version = re.search(r'"(.+)"', original).group(1)
+    try:
+        meta.write_text(
+            original.replace(version, re.sub(r"\.p[0-9a-f]{8}$", ".p00000000", version))
+        )
+        status, output, _ = node_check(node, tmp_path, "--arch", "12.0")
+    finally:
+        meta.write_text(original)
+    assert status == 1
+    assert "were built from different patch series (p00000000, p" in output
 
 
 # Flags on one side only, each with the reason it is there.
+# (-D<module>_EXPORTS, CMake's shared-library export define, is unused by the sources.)
 OURS_ONLY = {
     "-forward-unknown-to-host-compiler": "CMake's nvcc driver flag",
-    "-Dtrtllm_comm_EXPORTS": "CMake's shared-library export define, unused by the sources",
     "-x cu": "CMake names the language explicitly",
     "-Xcompiler=-ffile-prefix-map": "keeps build paths out of the binary (reproducibility)",
 }
 JIT_ONLY = {
-    "-Wno-switch-bool": "host-only C++ flag for .cpp sources; trtllm_comm has none",
+    "-Wno-switch-bool": "host-only C++ flag JIT adds to nvcc's; CMake's c++ rule gets it",
 }
 
 
@@ -351,10 +401,10 @@ def canonical_flags(argv: list[str]) -> set[str]:
     flags: set[str] = set()
     words = iter(argv[1:])
     for word in words:
-        if word in ("-c", "-o"):
+        if word in ("-c", "-o", "-MT", "-MF"):
             next(words)
             continue
-        if word.endswith(".cu"):
+        if word.endswith((".cu", ".cpp")) or word in ("-MD", "-MMD"):
             continue
         if word == "-isystem" or word.startswith("-isystem "):
             path = next(words) if word == "-isystem" else word.split(" ", 1)[1]
@@ -366,7 +416,7 @@ def canonical_flags(argv: list[str]) -> set[str]:
             flags.add("--compiler-options=-fPIC")
         elif word == "-x":
             flags.add("-x " + next(words))
-        elif word.startswith("-Xcompiler=-ffile-prefix-map"):
+        elif word.startswith(("-Xcompiler=-ffile-prefix-map", "-ffile-prefix-map")):
             flags.add("-Xcompiler=-ffile-prefix-map")
         elif word.startswith("--threads="):
             flags.add("--threads")
@@ -396,27 +446,37 @@ def canonical_include(path: str) -> str:
     return path
 
 
+def module_of(argv: list[str]) -> str:
+    """The CMake target (= FlashInfer module) a recorded compile command belongs to."""
+    return re.search(r"CMakeFiles/([^/]+)\.dir/", argv[argv.index("-o") + 1]).group(1)
+
+
+def assert_flags_match_the_jit(provenance: dict, jit: dict[str, list[dict]]) -> None:
+    """Every translation unit of every module: our command against FlashInfer's own."""
+    ours: dict[tuple[str, str], set[str]] = {}
+    for argv in provenance["compile_commands"]:
+        source = next(
+            a for a in argv if a.endswith((".cu", ".cpp")) and argv[argv.index(a) - 1] == "-c"
+        )
+        ours[(module_of(argv), Path(source).name)] = canonical_flags(argv)
+    theirs = {
+        (module, Path(command["file"]).name): canonical_flags(command["command"].split(" "))
+        for module, commands in jit.items()
+        for command in commands
+    }
+    assert sorted(ours) == sorted(theirs)
+    for key, flags in theirs.items():
+        assert ours[key] - flags <= set(OURS_ONLY) | {f"-D{key[0]}_EXPORTS"}, key
+        assert flags - ours[key] <= set(JIT_ONLY), key
+
+
 def test_compile_flags_match_flashinfers_own_jit_build(
     node: Path, provenance: dict, builds, tmp_path: Path
 ) -> None:
     toolkit_home = next((builds[0] / ".cache" / "toolkits").glob("*/home"))
-    report = node_check(node, tmp_path / "jit.json", CUDA_HOME=str(toolkit_home))
-    jit = {
-        Path(c["file"]).name: canonical_flags(c["command"].split(" "))
-        for c in report["compile_commands"]
-    }
-    ours = {
-        Path(argv[argv.index("-c") + 1]).name: canonical_flags(argv)
-        for argv in provenance["compile_commands"]
-    }
-    assert (
-        sorted(jit)
-        == sorted(ours)
-        == ["trtllm_allreduce.cu", "trtllm_allreduce_fusion.cu", "trtllm_moe_allreduce_fusion.cu"]
-    )
-    for source in jit:
-        assert ours[source] - jit[source] == set(OURS_ONLY), source
-        assert jit[source] - ours[source] <= set(JIT_ONLY), source
+    jit = jit_commands(node, tmp_path, toolkit_home)
+    assert sorted(jit) == ["trtllm_comm"]
+    assert_flags_match_the_jit(provenance, jit)
 
 
 def refused_build(root: Path, *args: str) -> str:
@@ -429,7 +489,7 @@ def refused_build(root: Path, *args: str) -> str:
         text=True,
     )
     assert result.returncode == 1, result.stderr
-    assert "compiling trtllm_comm" not in result.stderr
+    assert "compiling" not in result.stderr
     return result.stderr
 
 
@@ -518,3 +578,127 @@ def test_node_command_installs_from_the_wheelhouse_alone(
         if "==" in line and not line.startswith("#"):
             name, version = line.split(" ")[0].split("==")
             assert versions[canonicalize_name(name)] == version, name
+
+
+# --- small modules beyond trtllm_comm: norm and fp4_quantization_120 ----------------------
+
+SMALL = ("--module", "norm", "--module", "fp4_quantization_120")
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """norm + fp4_quantization_120, built with a cache of their own."""
+    root = fresh_root(tmp_path_factory.mktemp("small"))
+    build_wheels(root, *SMALL)
+    return root
+
+
+@pytest.fixture(scope="module")
+def small_node(small: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_node(small / "wheelhouse", tmp_path_factory.mktemp("small-node") / "venv")
+
+
+def provenance_of(wheel: Path) -> dict:
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/sm120-build.json")]
+        return json.loads(archive.read(name))
+
+
+def extracted(wheel: Path, target: Path) -> dict[str, Path]:
+    """module name -> its .so, unpacked under target."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = [n for n in archive.namelist() if n.endswith(".so")]
+        return {Path(n).stem: Path(archive.extract(n, target)) for n in names}
+
+
+def test_small_modules_carry_the_archs_flashinfer_gives_them(small: Path, tmp_path: Path) -> None:
+    modules = extracted(wheel_of(small, "flashinfer_jit_cache"), tmp_path)
+    assert sorted(modules) == ["fp4_quantization_120", "norm"]
+    assert elf_archs(modules["norm"]) == ["sm_120f"] * 2  # follows --arch
+    assert elf_archs(modules["fp4_quantization_120"]) == ["sm_120a"]  # FlashInfer pins 120a
+    for name, expected in (("norm", "RMSNorm"), ("fp4_quantization_120", "cvt_fp16_to_fp4")):
+        sass = subprocess.run(
+            [cuda_tool("cuobjdump"), "--dump-sass", str(modules[name])],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=dict(os.environ, PATH=f"{Path(cuda_tool('nvdisasm')).parent}:{os.environ['PATH']}"),
+        ).stdout
+        kernels = re.findall(r"Function : (\S+)", sass)
+        assert kernels and any(expected in k for k in kernels), (name, kernels[:5])
+        assert all(re.search(r"\bEXIT\b", body) for body in re.split(r"Function : ", sass)[1:])
+
+
+def test_small_modules_flags_match_flashinfers_own_jit_build(
+    small: Path, small_node: Path, tmp_path: Path
+) -> None:
+    toolkit_home = next((small / ".cache" / "toolkits").glob("*/home"))
+    jit = jit_commands(small_node, tmp_path, toolkit_home)
+    assert sorted(jit) == ["fp4_quantization_120", "norm"]
+    assert_flags_match_the_jit(provenance_of(wheel_of(small, "flashinfer_jit_cache")), jit)
+
+
+def test_small_modules_load_on_the_node_without_jit(small_node: Path, tmp_path: Path) -> None:
+    status, output, report = node_check(small_node, tmp_path, "--arch", "12.0")
+    assert status == 0, output
+    assert sorted(m["module"] for m in report["modules"]) == ["fp4_quantization_120", "norm"]
+    assert report["jit_compiles"] == 0
+
+
+def sccache_counts(stderr: str) -> tuple[int, int]:
+    match = re.search(r"sccache: (\d+) hits, (\d+) misses", stderr)
+    assert match, stderr[-3000:]
+    return int(match.group(1)), int(match.group(2))
+
+
+def test_a_fresh_build_tree_compiles_nothing_from_a_warm_sccache(
+    small: Path, tmp_path: Path
+) -> None:
+    """The wheel cache dropped and a new build tree: every translation unit comes from
+    sccache, and the wheel is the same bytes."""
+    root = tmp_path / "project"
+    shutil.copytree(small, root, symlinks=True)
+    shutil.rmtree(root / ".cache" / "artifacts" / "jit-cache")
+    before = wheel_of(small, "flashinfer_jit_cache").read_bytes()
+    result = build_wheels(root, *SMALL)
+    units = len(provenance_of(wheel_of(small, "flashinfer_jit_cache"))["compile_commands"])
+    assert sccache_counts(result.stderr) == (units, 0)
+    assert wheel_of(root, "flashinfer_jit_cache").read_bytes() == before
+
+
+def test_overlay_keeps_base_modules_and_records_the_base(small: Path, tmp_path: Path) -> None:
+    """A base wheel this pipeline built (norm + fp4_quantization_120) under a build of
+    norm + rope: rope and norm are ours, fp4_quantization_120 comes from the base."""
+    base = wheel_of(small, "flashinfer_jit_cache")
+    root = fresh_root(tmp_path)
+    env_cache = small / ".cache"  # shares the toolkit and sccache; builds nothing of small's
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sm120_build",
+            "build-wheels",
+            "--module",
+            "norm",
+            "--module",
+            "rope",
+            "--base-jit-cache",
+            str(base),
+        ],
+        cwd=root,
+        env=dict(os.environ, SM120_CACHE_DIR=str(env_cache)),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    merged = wheel_of(root, "flashinfer_jit_cache")
+    assert sorted(extracted(merged, tmp_path / "x")) == ["fp4_quantization_120", "norm", "rope"]
+    record = provenance_of(merged)
+    assert record["base_jit_cache"] == {
+        "wheel": base.name,
+        "sha256": hashlib.sha256(base.read_bytes()).hexdigest(),
+        "modules": ["fp4_quantization_120"],
+    }
+    assert record["modules"] == {"norm": "norm", "rope": "rope"}
+    assert "kept 1 module(s) of" in result.stderr
+    record_rows(merged)  # RECORD still lists every file with its hash

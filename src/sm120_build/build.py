@@ -161,6 +161,7 @@ class KernelBuild:
     wheel: Path
     modules: dict[str, str]  # JIT module name -> the recipe that made it
     compile_commands: list[list[str]]  # compiler argv per translation unit, paths symbolic
+    compile_seconds: dict[str, float]  # module -> seconds its translation units took
 
 
 def pip_wheel_command(project: Path, out_dir: Path, *options: str) -> list[str]:
@@ -475,7 +476,21 @@ def build_jit_cache_wheel(
         wheel=wheels[0],
         modules={module.name: module.recipe for module in modules},
         compile_commands=_recorded_commands(build_dir, sources, toolkit),
+        compile_seconds=_compile_seconds(build_dir),
     )
+
+
+def _compile_seconds(build_dir: Path) -> dict[str, float]:
+    """Seconds of compiler time per module (summed over its translation units), from ninja's
+    own log: `start_ms end_ms mtime output hash` per step."""
+    seconds: dict[str, float] = {}
+    for line in (build_dir / ".ninja_log").read_text().splitlines():
+        fields = line.split("\t")
+        match = re.match(r"CMakeFiles/([^/]+)\.dir/.*\.o$", fields[3]) if len(fields) == 5 else None
+        if match:
+            elapsed = (int(fields[1]) - int(fields[0])) / 1000
+            seconds[match.group(1)] = seconds.get(match.group(1), 0.0) + elapsed
+    return seconds
 
 
 def _recorded_commands(build_dir: Path, sources: Path, toolkit: Toolkit) -> list[list[str]]:

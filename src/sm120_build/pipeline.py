@@ -216,6 +216,8 @@ def build_jit_cache(
                 {
                     "compile_commands.json": json.dumps(result.compile_commands),
                     "modules.json": json.dumps(result.modules),
+                    # Not in the wheel (it would change its bytes); for `nox -s bench`.
+                    "compile_seconds.json": json.dumps(result.compile_seconds),
                 },
             )
     else:
