@@ -94,7 +94,13 @@ def check(recipes: dict[str, str]) -> tuple[list[dict[str, Any]], list[str]]:
     for recipe, call in recipes.items():
         module_name, _, expression = call.partition(":")
         namespace = {**vars(importlib.import_module(module_name)), "torch": torch}
-        for spec in _specs(eval(expression, namespace)):  # recipes from our own build
+        try:
+            specs = _specs(eval(expression, namespace))  # recipes from our own build
+        except Exception as exc:  # e.g. an SM12x-only generator on another GPU
+            problems.append(f"{recipe}: FlashInfer does not make it for this GPU ({exc})")
+            results.append({"module": None, "recipe": recipe, "aot": False})
+            continue
+        for spec in specs:
             result: dict[str, Any] = {"module": spec.name, "recipe": recipe, "aot": spec.is_aot}
             if not spec.is_aot:
                 problems.append(f"{spec.name} ({recipe}) would be JIT-compiled: no prebuilt .so")
@@ -171,8 +177,9 @@ def _run(args: argparse.Namespace) -> int:
     results, load_problems = check(recipes)
     problems += load_problems
     total = time.perf_counter() - started
-    jit = sum(1 for r in results if not r["aot"])
-    slowest = sorted(results, key=lambda r: -r.get("load_seconds", 0.0))[:5]
+    jit = sum(1 for r in results if not r["aot"] and r["module"] is not None)
+    loaded = [r for r in results if "load_seconds" in r]
+    slowest = sorted(loaded, key=lambda r: -float(r["load_seconds"]))[:5]
     print(
         f"node_check: sm_{major}{minor} ({source}); flashinfer {versions['flashinfer-python']}, "
         f"jit-cache {versions['flashinfer-jit-cache']} ({', '.join(archs)})"
@@ -180,7 +187,7 @@ def _run(args: argparse.Namespace) -> int:
     print(
         f"  {len(results)} modules of {len(recipes)} recipes: {jit} would JIT-compile; "
         f"all loaded in {total:.2f} s; slowest: "
-        + ", ".join(f"{r['module']} {r.get('load_seconds', 0):.3f} s" for r in slowest)
+        + ", ".join(f"{r['module']} {r['load_seconds']:.3f} s" for r in slowest)
     )
     report = {
         "device": {"major": major, "minor": minor, "source": source},
