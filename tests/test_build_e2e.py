@@ -63,7 +63,7 @@ def test_wheelhouse_holds_exactly_three_wheels_and_their_hashes(builds) -> None:
     names = sorted(p.name for p in (root / "wheelhouse").iterdir())
     patterns = [
         r"SHA256SUMS",
-        r"flashinfer_jit_cache-0\.6\.3\+cu130\.sm120a\.p[0-9a-f]{8}-py3-none-"
+        r"flashinfer_jit_cache-0\.6\.3\+cu130\.sm120f\.p[0-9a-f]{8}-py3-none-"
         r"manylinux_2_\d+_x86_64\.whl",
         r"flashinfer_python-0\.6\.3\+sm120\.p[0-9a-f]{8}-py3-none-any\.whl",
         r"requirements\.txt",
