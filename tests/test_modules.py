@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120_build.build import Arch, Module, check_modules_cover_archs, modules_cmake
+from sm120_build.build import Arch, Module, check_modules_cover_archs, modules_cmake, render_modules
 from sm120_build.errors import UserError
 from sm120_build.jit_specs import parse_ninja
 from sm120_build.node_check import patch_series, runs_on
@@ -228,3 +228,17 @@ def test_overlay_refuses_a_base_of_another_release(tmp_path: Path) -> None:
     base = jit_cache_wheel(tmp_path / "base", "0.6.4+cu130", {"rope": b"y"})
     with pytest.raises(UserError, match=r"not a flashinfer-jit-cache 0.6.3 wheel"):
         overlay_base(ours, base, tmp_path)
+
+
+def test_render_without_flashinfer_says_what_to_run(tmp_path: Path) -> None:
+    toolkit = Toolkit(Path("/opt/cuda"), (13, 0), "13.0.88", frozenset({"sm_120"}))
+    (tmp_path / "flashinfer-tree").mkdir()
+    with pytest.raises(
+        UserError, match=r"could not render .*ModuleNotFoundError.*nox -s build_wheels"
+    ):
+        render_modules(
+            tmp_path / "flashinfer-tree",
+            {"norm": "flashinfer.jit.norm:gen_norm_module()"},
+            [Arch.parse("12.0f")],
+            toolkit,
+        )

@@ -301,7 +301,8 @@ def render_modules(
         and name not in ("CC", "CXX", "PYTHONPATH", "MAX_JOBS")
     }
     env.update(
-        PYTHONPATH=str(sources),
+        # The patched FlashInfer first; this package too, wherever it is imported from.
+        PYTHONPATH=os.pathsep.join([str(sources), str(Path(__file__).parent.parent)]),
         FLASHINFER_CUDA_ARCH_LIST=" ".join(str(arch) for arch in archs),
         FLASHINFER_WORKSPACE_BASE=str(sources.parent / "workspace"),
         CUDA_HOME=str(toolkit.home),
@@ -318,10 +319,15 @@ def render_modules(
         )
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines()
+        last = lines[-1] if lines else "no output"
+        hint = (
+            "; run through `nox -s build_wheels`, which installs pins.toml's [render] requirements"
+            if last.startswith("ModuleNotFoundError")
+            else ""
+        )
         raise UserError(
             f"FlashInfer could not render the modules for --arch "
-            f"{' '.join(str(a) for a in archs)}: {lines[-1] if lines else 'no output'}"
-            + ("" if "torch" not in result.stderr else " (is torch installed? run through nox)")
+            f"{' '.join(str(a) for a in archs)}: {last}{hint}"
         )
     modules = [Module(**module) for module in json.loads(result.stdout)]
     for module in modules:

@@ -81,16 +81,18 @@ def _link_each(source: Path, target: Path) -> None:
 def _make_shim(cuda_root: Path, shim: Path) -> None:
     _link_each(cuda_root / "bin", shim / "bin")
     _link_each(cuda_root / "lib", shim / "lib64")
-    (shim / "lib64" / "libcudart.so").symlink_to("libcudart.so." + _cudart_major(cuda_root))
+    # The wheels ship only versioned libraries (libnvrtc.so.13); `-lcudart`, `-lnvrtc` need
+    # the unversioned name a -dev package would add.
+    for library in sorted((shim / "lib64").glob("lib*.so.*")):
+        plain = library.with_name(library.name.split(".so.")[0] + ".so")
+        if not plain.exists() and library.name.count(".") == 2:
+            plain.symlink_to(library.name)
     for name in ("include", "nvvm"):
         _link(shim / name, cuda_root / name)
 
 
-def _cudart_major(cuda_root: Path) -> str:
-    found = sorted(cuda_root.glob("lib/libcudart.so.*"))
-    if not found:
-        raise UserError(f"no libcudart.so.* under {cuda_root / 'lib'}")
-    return found[0].name.removeprefix("libcudart.so.")
+# Bump when _make_shim changes: an installed toolkit keeps the shim it was made with.
+_SHIM_LAYOUT = "2"
 
 
 def pip_toolkit(requirement: str, cache: Path) -> Toolkit:
@@ -98,7 +100,7 @@ def pip_toolkit(requirement: str, cache: Path) -> Toolkit:
 
     The entry is checked against its manifest on every reuse; a damaged one is reinstalled.
     """
-    key = hashlib.sha256(requirement.encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{requirement} shim {_SHIM_LAYOUT}".encode()).hexdigest()[:16]
     entry = cache / "toolkits" / key
     if verified_entry(entry, f"CUDA toolkit {requirement}") is None:
         with (
