@@ -391,9 +391,7 @@ OURS_ONLY = {
     "-x cu": "CMake names the language explicitly",
     "-Xcompiler=-ffile-prefix-map": "keeps build paths out of the binary (reproducibility)",
 }
-JIT_ONLY = {
-    "-Wno-switch-bool": "host-only C++ flag JIT adds to nvcc's; CMake's c++ rule gets it",
-}
+JIT_ONLY: dict[str, str] = {}  # nothing: every flag FlashInfer's JIT passes, we pass
 
 
 def canonical_flags(argv: list[str]) -> set[str]:
@@ -412,6 +410,8 @@ def canonical_flags(argv: list[str]) -> set[str]:
         elif word.startswith("--generate-code=arch="):
             arch, code = re.match(r"--generate-code=arch=(\w+),code=\[(\w+)\]", word).groups()
             flags.add(f"-gencode=arch={arch},code={code}")
+        elif word.startswith("-I"):
+            flags.add("-I " + canonical_tree_path(word[2:] or next(words)))
         elif word == "-Xcompiler=-fPIC":
             flags.add("--compiler-options=-fPIC")
         elif word == "-x":
@@ -423,6 +423,24 @@ def canonical_flags(argv: list[str]) -> set[str]:
         else:
             flags.add(word)
     return flags
+
+
+# The FlashInfer trees a path can live in, reduced to one name: our build's sources
+# ($FLASHINFER, 3rdparty/ at the top) and generated files, or an installed flashinfer's
+# data/ links and its JIT workspace.
+_TREES = (
+    (re.compile(r"^\$FLASHINFER/3rdparty/"), "flashinfer:"),
+    (re.compile(r"^\$FLASHINFER/"), "flashinfer:"),
+    (re.compile(r"^.*/flashinfer/data/"), "flashinfer:"),
+    (re.compile(r"^.*/\.cache/flashinfer/[^/]+/[^/]+/generated/"), "generated:"),
+)
+
+
+def canonical_tree_path(path: str) -> str:
+    for pattern, name in _TREES:
+        if pattern.match(path):
+            return pattern.sub(name, path)
+    return path
 
 
 def canonical_include(path: str) -> str:
@@ -448,7 +466,7 @@ def canonical_include(path: str) -> str:
 
 def module_of(argv: list[str]) -> str:
     """The CMake target (= FlashInfer module) a recorded compile command belongs to."""
-    return re.search(r"CMakeFiles/([^/]+)\.dir/", argv[argv.index("-o") + 1]).group(1)
+    return re.search(r"CMakeFiles/([^/]+?)\.dir", argv[argv.index("-o") + 1]).group(1)
 
 
 def assert_flags_match_the_jit(provenance: dict, jit: dict[str, list[dict]]) -> None:
