@@ -680,7 +680,9 @@ def test_a_fresh_build_tree_compiles_nothing_from_a_warm_sccache(
     before = wheel_of(small, "flashinfer_jit_cache").read_bytes()
     result = build_wheels(root, *SMALL)
     units = len(provenance_of(wheel_of(small, "flashinfer_jit_cache"))["compile_commands"])
-    assert sccache_counts(result.stderr) == (units, 0)
+    hits, misses = sccache_counts(result.stderr)
+    # sccache caches nvcc's steps (host, PTX, cubin) one by one: at least one hit per unit.
+    assert misses == 0 and hits >= units, (hits, misses, units)
     assert wheel_of(root, "flashinfer_jit_cache").read_bytes() == before
 
 
