@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -603,12 +604,26 @@ def test_node_command_installs_from_the_wheelhouse_alone(
 SMALL = ("--module", "norm", "--module", "fp4_quantization_120")
 
 
+@dataclass(frozen=True)
+class WarmRebuild:
+    cold_wheel: bytes  # the jit-cache wheel of the cold build
+    stderr: str  # the rebuild's output
+
+
 @pytest.fixture(scope="module")
-def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """norm + fp4_quantization_120, built with a cache of their own."""
+def small_with_rebuild(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, WarmRebuild]:
+    """norm + fp4_quantization_120, built with a cache of their own; then, the wheel cache
+    entry dropped, built again in a fresh build tree from the same (warm) sccache."""
     root = fresh_root(tmp_path_factory.mktemp("small"))
     build_wheels(root, *SMALL)
-    return root
+    cold = wheel_of(root, "flashinfer_jit_cache").read_bytes()
+    shutil.rmtree(root / ".cache" / "artifacts" / "jit-cache")
+    return root, WarmRebuild(cold, build_wheels(root, *SMALL).stderr)
+
+
+@pytest.fixture(scope="module")
+def small(small_with_rebuild: tuple[Path, WarmRebuild]) -> Path:
+    return small_with_rebuild[0]
 
 
 @pytest.fixture(scope="module")
@@ -670,20 +685,16 @@ def sccache_counts(stderr: str) -> tuple[int, int]:
 
 
 def test_a_fresh_build_tree_compiles_nothing_from_a_warm_sccache(
-    small: Path, tmp_path: Path
+    small_with_rebuild: tuple[Path, WarmRebuild],
 ) -> None:
-    """The wheel cache dropped and a new build tree: every translation unit comes from
-    sccache, and the wheel is the same bytes."""
-    root = tmp_path / "project"
-    shutil.copytree(small, root, symlinks=True)
-    shutil.rmtree(root / ".cache" / "artifacts" / "jit-cache")
-    before = wheel_of(small, "flashinfer_jit_cache").read_bytes()
-    result = build_wheels(root, *SMALL)
-    units = len(provenance_of(wheel_of(small, "flashinfer_jit_cache"))["compile_commands"])
-    hits, misses = sccache_counts(result.stderr)
+    """The wheel cache dropped and a new build tree, the same cache directory: every
+    translation unit comes from sccache, and the wheel is the same bytes."""
+    root, rebuild = small_with_rebuild
+    hits, misses = sccache_counts(rebuild.stderr)
+    units = len(provenance_of(wheel_of(root, "flashinfer_jit_cache"))["compile_commands"])
     # sccache caches nvcc's steps (host, PTX, cubin) one by one: at least one hit per unit.
     assert misses == 0 and hits >= units, (hits, misses, units)
-    assert wheel_of(root, "flashinfer_jit_cache").read_bytes() == before
+    assert wheel_of(root, "flashinfer_jit_cache").read_bytes() == rebuild.cold_wheel
 
 
 def test_overlay_keeps_base_modules_and_records_the_base(small: Path, tmp_path: Path) -> None:
