@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name
 
 from sm120_build.pins import Upstream
 from sm120_build.pins import load as load_pins
@@ -110,6 +111,21 @@ def run_build(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
     )
+
+
+def installed_versions(python: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """What `python`'s environment holds, by pip's own listing: canonical name -> version."""
+    listing = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format=freeze"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {
+        canonicalize_name(name): version
+        for name, version in (line.split("==") for line in listing.split() if "==" in line)
+    }
 
 
 def build_wheels(root: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -24,7 +24,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from sm120_build.pins import load as load_pins
 
-from .conftest import REPO, build_wheels, fresh_root
+from .conftest import REPO, build_wheels, fresh_root, installed_versions
 
 pytestmark = pytest.mark.slow
 PINS = load_pins(REPO / "pins.toml")
@@ -551,19 +551,6 @@ def test_every_wheel_has_a_valid_record(builds) -> None:
         rows = record_rows(wheel_of(builds[0], project))
         if project == "sglang":  # sglang ships file names with commas; they must survive
             assert any("," in row[0] for row in rows)
-
-
-def installed_versions(python: Path) -> dict[str, str]:
-    listing = subprocess.run(
-        [str(python), "-m", "pip", "list", "--format=freeze"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return {
-        canonicalize_name(name): version
-        for name, version in (line.split("==") for line in listing.split() if "==" in line)
-    }
 
 
 @pytest.mark.parametrize("installer", ["pip", "uv"])

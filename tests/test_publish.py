@@ -20,7 +20,7 @@ from packaging.utils import canonicalize_name
 
 from sm120_build.wheels import assemble_wheelhouse, finalize_wheel
 
-from .conftest import REPO
+from .conftest import REPO, installed_versions
 
 PASSWORD = "correct-horse-battery-4711"
 
@@ -160,17 +160,7 @@ def fresh_install(root: Path, index_url: str, tmp_path: Path) -> dict[str, str]:
         env=env,
         check=True,
     )
-    listing = subprocess.run(
-        [str(venv / "bin/python"), "-m", "pip", "list", "--format=freeze"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return {
-        canonicalize_name(name): version
-        for name, version in (line.split("==") for line in listing.split() if "==" in line)
-    }
+    return installed_versions(venv / "bin/python", env)
 
 
 def required_versions(root: Path) -> dict[str, str]:
@@ -391,16 +381,7 @@ def test_publishes_what_build_wheels_produced(built_project: Path, index, tmp_pa
         ],
         check=True,
     )
-    listing = subprocess.run(
-        [str(venv / "bin/python"), "-m", "pip", "list", "--format=freeze"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    installed = {
-        canonicalize_name(name): version
-        for name, version in (line.split("==") for line in listing.split() if "==" in line)
-    }
+    installed = installed_versions(venv / "bin/python")
     for name, version in required_versions(root).items():
         assert installed[name] == version
     assert "flashinfer-cubin" in installed
