@@ -1,27 +1,22 @@
 """Run inside a node's virtual environment (the built wheels, flashinfer-cubin, CPU torch)
-with CUDA_HOME set: prints, as JSON, FlashInfer's own compile commands (JitSpec
-.get_compile_commands) for every module of the recipes the installed jit-cache wheel
-records. The flag-parity test compares them with what our build ran.
+with CUDA_HOME set and this project's src/ on PYTHONPATH: prints, as JSON, FlashInfer's own
+compile commands (JitSpec.get_compile_commands) for every module of the recipes the
+installed jit-cache wheel records. The flag-parity test compares them with what our build ran.
 
 Not a test module: tests/test_build_e2e.py runs it with that environment's interpreter.
 """
 
-import importlib
 import importlib.metadata
 import json
 import sys
 
-import torch
-from flashinfer.jit.core import JitSpec
+from sm120_build.jit_specs import specs_of
 
 provenance = json.loads(
     importlib.metadata.distribution("flashinfer-jit-cache").read_text("sm120-build.json")
 )
 commands = {}
 for call in provenance["recipes"].values():
-    module_name, _, expression = call.partition(":")
-    namespace = {**vars(importlib.import_module(module_name)), "torch": torch}
-    made = eval(expression, namespace)
-    for spec in [made] if isinstance(made, JitSpec) else list(made):
+    for spec in specs_of(call):
         commands[spec.name] = spec.get_compile_commands()
 json.dump(commands, sys.stdout)

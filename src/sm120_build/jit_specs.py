@@ -19,7 +19,6 @@ import json
 import re
 import shlex
 import sys
-from collections.abc import Iterable
 from typing import Any
 
 _VARIABLE = re.compile(r"^(\w+) = (.*)$")
@@ -58,23 +57,24 @@ def parse_ninja(text: str) -> dict[str, Any]:
     }
 
 
-def _specs(value: Any) -> Iterable[Any]:
+def specs_of(call: str) -> list[Any]:
+    """The JitSpecs a recipe's "<python module>:<expression>" makes, evaluated in that module
+    of the importable FlashInfer with `torch` in scope."""
+    import torch
     from flashinfer.jit.core import JitSpec
 
-    if isinstance(value, JitSpec):
-        return [value]
-    return list(value)
+    module_name, _, expression = call.partition(":")
+    namespace = {**vars(importlib.import_module(module_name)), "torch": torch}
+    value = eval(expression, namespace)  # recipes come from our own profiles.toml
+    return [value] if isinstance(value, JitSpec) else list(value)
 
 
 def render(recipes: dict[str, str]) -> list[dict[str, Any]]:
-    import torch
     from flashinfer.jit import cpp_ext
 
     modules: dict[str, dict[str, Any]] = {}
     for recipe, call in recipes.items():
-        module_name, _, expression = call.partition(":")
-        namespace = {**vars(importlib.import_module(module_name)), "torch": torch}
-        for spec in _specs(eval(expression, namespace)):  # our own checked-in profiles.toml
+        for spec in specs_of(call):
             ninja = cpp_ext.generate_ninja_build_for_op(
                 spec.name,
                 spec.sources,

@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-from .pins import read_toml
+from .jit_specs import specs_of
+from .profiles import load as load_profiles
+from .wheels import PROVENANCE_FILE
 
-PROVENANCE_FILE = "sm120-build.json"  # wheels.PROVENANCE_FILE; wheels needs build tools
 _SERIES = re.compile(r"^p[0-9a-f]{8}$")
 
 
@@ -79,28 +80,20 @@ def device_arch(requested: str | None) -> tuple[int, int, str]:
     return major, minor, torch.cuda.get_device_name(0)
 
 
-def _specs(value: Any) -> list[Any]:
-    from flashinfer.jit.core import JitSpec
-
-    return [value] if isinstance(value, JitSpec) else list(value)
-
-
 def check(recipes: dict[str, str]) -> tuple[list[dict[str, Any]], list[str]]:
     """Load every module the recipes name; return (per-module results, problems)."""
-    import torch
-
     results: list[dict[str, Any]] = []
     problems: list[str] = []
     for recipe, call in recipes.items():
-        module_name, _, expression = call.partition(":")
-        namespace = {**vars(importlib.import_module(module_name)), "torch": torch}
         try:
-            specs = _specs(eval(expression, namespace))  # recipes from our own build
+            specs = specs_of(call)
         except Exception as exc:  # e.g. an SM12x-only generator on another GPU
             problems.append(f"{recipe}: FlashInfer does not make it for this GPU ({exc})")
             results.append({"module": None, "recipe": recipe, "aot": False})
             continue
         for spec in specs:
+            if any(r["module"] == spec.name for r in results):
+                continue  # FlashInfer's generators repeat some modules (as build.py dedupes)
             result: dict[str, Any] = {"module": spec.name, "recipe": recipe, "aot": spec.is_aot}
             if not spec.is_aot:
                 problems.append(f"{spec.name} ({recipe}) would be JIT-compiled: no prebuilt .so")
@@ -164,12 +157,7 @@ def _run(args: argparse.Namespace) -> int:
     os.environ["FLASHINFER_CUDA_ARCH_LIST"] = f"{major}.{minor}{'a' if major >= 9 else ''}"
 
     if args.profile is not None:
-        data = read_toml(Path("profiles.toml"))
-        try:
-            names = data["profiles"][args.profile]["modules"]
-        except KeyError:
-            raise UserError(f"no profile {args.profile!r} in profiles.toml") from None
-        recipes = {name: data["modules"][name]["call"] for name in names}
+        recipes = load_profiles(Path("profiles.toml")).select(args.profile, [])
     else:
         recipes = jit_cache["recipes"]
 
