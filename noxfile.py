@@ -132,6 +132,40 @@ def build_wheels(session: nox.Session) -> None:
 
 
 @nox.session
+def plan_shards(session: nox.Session) -> None:
+    """Split a build over N machines: print which modules each shard compiles.
+
+    -- --shards N [--profile NAME] [--module NAME] [--arch ARCH] [--github-output FILE]
+    Balanced by ci/module-costs.json (nox -s bench refreshes it); every shard computes the
+    same plan, so this is for people and CI matrices, not an input of build_shard.
+    """
+    _install_tool(session, *COMPILE_REQUIREMENTS)
+    session.run("sm120-build", "plan-shards", *session.posargs)
+
+
+@nox.session
+def build_shard(session: nox.Session) -> None:
+    """Compile shard I of N into shards/I-of-N/ (one machine of a sharded build).
+
+    -- --shard I/N, and the same --profile/--module/--arch/--cuda-home on every shard.
+    Point sccache at a shared backend with its own SCCACHE_* variables (README).
+    """
+    _install_tool(session, *COMPILE_REQUIREMENTS)
+    session.run("sm120-build", "build-shard", *session.posargs)
+
+
+@nox.session
+def merge_shards(session: nox.Session) -> None:
+    """Assemble wheelhouse/ from all shards in shards/: the same bytes as build_wheels.
+
+    -- [--base-jit-cache WHEEL]. Refuses shards of different builds, a missing shard, or
+    shards of another patch series than this checkout's.
+    """
+    _install_tool(session, *BUILD_REQUIREMENTS)
+    session.run("sm120-build", "merge-shards", *session.posargs)
+
+
+@nox.session
 def publish(session: nox.Session) -> None:
     """Upload wheelhouse/ to an index with twine and read it back, or write a static index.
 
@@ -228,9 +262,11 @@ def tests_fast(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check, ruff format --check, and mypy --strict on src/."""
-    session.install(*(r for r in TEST_REQUIREMENTS if r.startswith(("ruff", "mypy"))))
+    """ruff check, ruff format --check, mypy --strict on src/, actionlint on ci/github/."""
+    session.install(*(r for r in TEST_REQUIREMENTS if r.startswith(("ruff", "mypy", "actionlint"))))
     session.install("-e", ".")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
+    workflows = sorted(str(p) for p in (ROOT / "ci" / "github" / "workflows").glob("*.yml"))
+    session.run("actionlint", "-config-file", str(ROOT / "ci/github/actionlint.yaml"), *workflows)

@@ -85,14 +85,15 @@ def write_series(series: Path, *patches: Path) -> None:
 
 
 def fresh_root(base: Path) -> Path:
-    """A scratch project root with this repo's pins, waivers, profiles, patches and kernel
-    project."""
+    """A scratch project root with this repo's pins, waivers, profiles, patches, ci/ and
+    kernel project."""
     root = base / "project"
     root.mkdir(parents=True)
     shutil.copy(REPO / "pins.toml", root)
     shutil.copy(REPO / "audit-waivers.toml", root)
     shutil.copy(REPO / "profiles.toml", root)
     shutil.copytree(REPO / "patches", root / "patches")
+    shutil.copytree(REPO / "ci", root / "ci")  # the shard plan's cost table
     shutil.copytree(
         REPO / "kernel",
         root / "kernel",

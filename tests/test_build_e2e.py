@@ -720,3 +720,148 @@ def test_overlay_keeps_base_modules_and_records_the_base(small: Path, tmp_path: 
     assert record["modules"] == {"norm": "norm", "rope": "rope"}
     assert "kept 1 module(s) of" in result.stderr
     record_rows(merged)  # RECORD still lists every file with its hash
+
+
+# --- patch 0008 (FlashInfer PR 2780): CUTLASS grid-dependency control in the machine code ---
+
+FP4_GEMM = ("--module", "fp4_gemm_cutlass_sm120")
+GDC_PATCH = "0008-build-the-cutlass-gemm-modules-with-grid-dependenc.patch"
+
+
+@dataclass(frozen=True)
+class GridDependencyCounts:
+    kernels: int
+    waiting: int  # kernels with ACQBULK: cudaGridDependencySynchronize / griddepcontrol.wait
+    triggering: int  # kernels with PREEXIT: griddepcontrol.launch_dependents
+
+
+def grid_dependency_counts(shared_object: Path) -> GridDependencyCounts:
+    sass = subprocess.run(
+        [cuda_tool("cuobjdump"), "--dump-sass", str(shared_object)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ, PATH=f"{Path(cuda_tool('nvdisasm')).parent}:{os.environ['PATH']}"),
+    ).stdout
+    kernels = re.split(r"\n\s*Function : ", sass)[1:]
+    return GridDependencyCounts(
+        len(kernels),
+        sum("ACQBULK" in body for body in kernels),
+        sum("PREEXIT" in body for body in kernels),
+    )
+
+
+@pytest.fixture(scope="module")
+def fp4_gemm_both_ways(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """fp4_gemm_cutlass_sm120 built from this series and from it without patch 0008, sharing
+    one toolkit and compiler cache; their .so files by variant."""
+    patched = fresh_root(tmp_path_factory.mktemp("fp4-gemm"))
+    build_wheels(patched, *FP4_GEMM)
+    unpatched = fresh_root(tmp_path_factory.mktemp("fp4-gemm-unpatched"))
+    series = unpatched / "patches" / "flashinfer" / "series"
+    names = series.read_text().splitlines()
+    assert GDC_PATCH in names
+    series.write_text("".join(f"{name}\n" for name in names if name != GDC_PATCH))
+    result = subprocess.run(
+        [sys.executable, "-m", "sm120_build", "build-wheels", *FP4_GEMM],
+        cwd=unpatched,
+        env=dict(os.environ, SM120_CACHE_DIR=str(patched / ".cache")),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    target = tmp_path_factory.mktemp("fp4-gemm-so")
+    return {
+        variant: extracted(wheel_of(root, "flashinfer_jit_cache"), target / variant)[
+            "fp4_gemm_cutlass_sm120"
+        ]
+        for variant, root in (("patched", patched), ("unpatched", unpatched))
+    }
+
+
+def test_fp4_gemm_kernels_wait_and_trigger_only_with_patch_0008(
+    fp4_gemm_both_ways: dict[str, Path],
+) -> None:
+    """Without -DCUTLASS_ENABLE_GDC_FOR_SM100=1, CUTLASS compiles wait_on_dependent_grids()
+    and launch_dependent_grids() to nothing although the GEMMs launch with PDL (issue 2708):
+    no kernel of the module has ACQBULK or PREEXIT. With patch 0008 the GEMM kernels have
+    both; the module's other kernels are the same in both builds."""
+    patched = grid_dependency_counts(fp4_gemm_both_ways["patched"])
+    unpatched = grid_dependency_counts(fp4_gemm_both_ways["unpatched"])
+    print(f"fp4_gemm_cutlass_sm120: patched {patched}, unpatched {unpatched}")
+    assert patched.kernels == unpatched.kernels > 0
+    assert unpatched.waiting == 0 and unpatched.triggering == 0
+    assert patched.waiting > 0 and patched.triggering > 0
+
+
+# --- sharded builds (ci/github/workflows/release.yml): N shards merge to the same bytes -----
+
+THREE = ("--module", "norm", "--module", "cascade", "--module", "fp4_quantization_120")
+
+
+def sm120_build(root: Path, cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "sm120_build", *args],
+        cwd=root,
+        env=dict(os.environ, SM120_CACHE_DIR=str(cache)),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def three_modules(small: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One machine's build of norm + cascade + fp4_quantization_120 (small's cache: only
+    cascade is compiled anew)."""
+    root = fresh_root(tmp_path_factory.mktemp("three"))
+    sm120_build(root, small / ".cache", "build-wheels", *THREE)
+    return root
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_shards_merge_to_the_single_machine_wheelhouse_byte_for_byte(
+    three_modules: Path, small: Path, tmp_path: Path, count: int
+) -> None:
+    """Each shard in its own project copy (as on its own machine), shards/ gathered as CI's
+    artifacts are, then merged: every file of wheelhouse/ is the same bytes."""
+    merge_root = fresh_root(tmp_path / "merge")
+    for index in range(1, count + 1):
+        root = fresh_root(tmp_path / f"shard{index}")
+        result = sm120_build(
+            root, small / ".cache", "build-shard", *THREE, "--shard", f"{index}/{count}"
+        )
+        assert f"shard {index}/{count}:" in result.stderr
+        shutil.copytree(root / "shards", merge_root / "shards", dirs_exist_ok=True)
+    records = [
+        json.loads(p.read_text()) for p in sorted((merge_root / "shards").glob("*/shard.json"))
+    ]
+    built = [sorted(record["modules"]) for record in records]
+    assert sorted(name for names in built for name in names) == [
+        "cascade",
+        "fp4_quantization_120",
+        "norm",
+    ]
+    assert all(built)  # the plan leaves no shard empty
+    sm120_build(merge_root, small / ".cache", "merge-shards")
+    single = sorted((three_modules / "wheelhouse").iterdir())
+    merged = sorted((merge_root / "wheelhouse").iterdir())
+    assert [p.name for p in merged] == [p.name for p in single]
+    for ours, theirs in zip(merged, single, strict=True):
+        assert ours.read_bytes() == theirs.read_bytes(), ours.name
+
+
+def test_merge_refuses_an_incomplete_set_and_writes_nothing(small: Path, tmp_path: Path) -> None:
+    root = fresh_root(tmp_path)
+    sm120_build(root, small / ".cache", "build-shard", *THREE, "--shard", "2/3")
+    result = subprocess.run(
+        [sys.executable, "-m", "sm120_build", "merge-shards"],
+        cwd=root,
+        env=dict(os.environ, SM120_CACHE_DIR=str(small / ".cache")),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1
+    assert "shards 1, 3 of 3 are missing" in result.stderr
+    assert not (root / "wheelhouse").exists()

@@ -12,6 +12,7 @@ import argparse
 import hashlib
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -20,18 +21,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import build, cli, pins, pipeline, toolkit
+from . import build, cli, pins, pipeline, shards, toolkit
 from .console import say
 from .errors import UserError
-from .layout import Layout, repo_root
+from .layout import CACHE_ENV, Layout, repo_root
 
 
 def _scratch_project(source: Path, scratch: Path) -> Layout:
     root = scratch / "project"
-    root.mkdir()
+    root.mkdir(parents=True)
     for name in ("pins.toml", "audit-waivers.toml", "profiles.toml"):
         shutil.copy(source / name, root)
-    for name in ("patches", "kernel"):
+    for name in ("patches", "kernel", "ci"):
         shutil.copytree(
             source / name,
             root / name,
@@ -54,9 +55,12 @@ def _compile_one(command: list[str]) -> float:
     return time.monotonic() - started
 
 
-def sample(layout: Layout, request: pipeline.KernelRequest, per_recipe: int) -> int:
+def sample(
+    layout: Layout, request: pipeline.KernelRequest, per_recipe: int, costs_file: Path
+) -> int:
     """Estimate each recipe's cold compile time from `per_recipe` of its translation units,
-    compiled with their rendered flags one per core; print the table and return 0."""
+    compiled with their rendered flags one per core; print the table, record the seconds per
+    unit in the cost table the shard plan balances on, and return 0."""
     pinned = pins.load(layout.pins_file)
     pipeline.vendor_all(layout, pinned)
     cuda = toolkit.pip_toolkit(pinned.toolkit_requirement, layout.cache)
@@ -88,9 +92,10 @@ def sample(layout: Layout, request: pipeline.KernelRequest, per_recipe: int) -> 
         f"  {'recipe':<24} {'modules':>7} {'units':>6} {'sampled':>7} {'s/unit':>7} {'est. s':>8}"
     )
     total = 0.0
+    per_unit_seconds: dict[str, float] = {}
     for recipe, commands in units.items():
         measured = [t for (r, _), t in zip(chosen, times, strict=True) if r == recipe]
-        per_unit = sum(measured) / len(measured)
+        per_unit = per_unit_seconds[recipe] = sum(measured) / len(measured)
         estimate = per_unit * len(commands)
         total += estimate
         count = sum(1 for m in modules if m.recipe == recipe)
@@ -100,6 +105,87 @@ def sample(layout: Layout, request: pipeline.KernelRequest, per_recipe: int) -> 
         )
     all_units = sum(map(len, units.values()))
     print(f"  {'total (one core)':<24} {'':>7} {all_units:>6} {'':>15} {total:>8.0f}")
+    shards.update_costs(
+        costs_file,
+        _measured_on(request, f"{per_recipe} sampled unit(s) per recipe"),
+        per_unit=per_unit_seconds,
+    )
+    say(f"per-unit costs written to {costs_file}")
+    return 0
+
+
+def _measured_on(request: pipeline.KernelRequest, how: str) -> str:
+    archs = " ".join(str(arch) for arch in request.archs)
+    return (
+        f"{os.cpu_count()} cores of {platform.node()}, {archs}, {time.strftime('%Y-%m-%d')}; {how}"
+    )
+
+
+def _timed(command: list[str], cwd: Path, env: dict[str, str]) -> float:
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise UserError(f"{' '.join(command[2:])} failed in {cwd}:\n{result.stderr[-3000:]}")
+    return time.monotonic() - started
+
+
+def sharded(source: Path, scratch: Path, kernel_args: list[str], count: int) -> int:
+    """One machine simulating a sharded build: the request built once with every core, then
+    as `count` shard processes at once (each its own project copy, build tree and cores, one
+    shared sccache directory: CI's machines and remote cache) merged, then the same again
+    from the warm shared sccache. Prints wall times and whether the bytes agree."""
+    cores = os.cpu_count() or 1
+    python = [sys.executable, "-m", "sm120_build"]
+    # Each project its own cache (as each CI machine has): only sccache's is shared.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCCACHE_") and k != CACHE_ENV}
+    single = _scratch_project(source, scratch / "single").root
+    say(f"one build, {cores} cores")
+    times = {"one build": _timed([*python, "build-wheels", *kernel_args], single, env)}
+    shared = {
+        **env,
+        "SCCACHE_DIR": str(scratch / "shared-sccache"),
+        "SCCACHE_SERVER_PORT": str(30000 + os.getpid() % 10000),
+        "CMAKE_BUILD_PARALLEL_LEVEL": str(max(1, cores // count)),
+    }
+    try:
+        for run in ("cold", "warm"):
+            say(f"{count} shards at once, {max(1, cores // count)} core(s) each, {run} sccache")
+            roots = [
+                _scratch_project(source, scratch / f"{run}-{i}").root for i in range(1, count + 1)
+            ]
+            started = time.monotonic()
+            processes = [
+                subprocess.Popen(
+                    [*python, "build-shard", *kernel_args, "--shard", f"{i}/{count}"],
+                    cwd=root,
+                    env=shared,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for i, root in enumerate(roots, start=1)
+            ]
+            for process in processes:
+                _, stderr = process.communicate()
+                if process.returncode != 0:
+                    raise UserError(f"a shard failed:\n{stderr[-3000:]}")
+            for root in roots[1:]:
+                shutil.copytree(root / "shards", roots[0] / "shards", dirs_exist_ok=True)
+            _timed([*python, "merge-shards"], roots[0], shared)
+            times[f"{count} shards + merge, {run} sccache"] = time.monotonic() - started
+            same = all(
+                (roots[0] / "wheelhouse" / p.name).read_bytes() == p.read_bytes()
+                for p in (single / "wheelhouse").iterdir()
+            )
+            say(f"merged wheelhouse {'is' if same else 'is NOT'} byte-identical to one build's")
+    finally:
+        subprocess.run(["sccache", "--stop-server"], env=shared, capture_output=True)
+    first = times["one build"]
+    print(f"\nsharded build simulation ({cores} cores, {' '.join(kernel_args)})")
+    for name, seconds in times.items():
+        print(f"  {name:<38} {seconds:8.1f} s  ({first / seconds:.2f}x of one build)")
+    best = min(times.values())
+    print(f"  best / one build: {best / first:.2f} (wall time)")
     return 0
 
 
@@ -113,12 +199,28 @@ def main(argv: list[str] | None = None) -> int:
         help="instead of building: estimate each module recipe's cold compile time from N of "
         "its translation units (for profiles too large to build here)",
     )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        metavar="N",
+        help="instead: time one build against N shard processes at once (cores split between "
+        "them, one shared sccache), cold and warm, and check the merge gives the same bytes",
+    )
     args = parser.parse_args(argv)
     source = repo_root()
+    if args.shards is not None:
+        kernel_args = [
+            *([f"--profile={args.profile}"] if args.profile else []),
+            *(f"--module={name}" for name in args.module or []),
+            *(f"--arch={arch}" for arch in args.arch or []),
+        ]
+        with tempfile.TemporaryDirectory(prefix="sm120-bench-") as scratch:
+            return sharded(source, Path(scratch), kernel_args, args.shards)
     if args.sample is not None:
         with tempfile.TemporaryDirectory(prefix="sm120-bench-") as scratch:
             layout = _scratch_project(source, Path(scratch))
-            return sample(layout, cli.kernel_request(layout, args), args.sample)
+            request = cli.kernel_request(layout, args)
+            return sample(layout, request, args.sample, Layout.from_root(source).costs_file)
     with tempfile.TemporaryDirectory(prefix="sm120-bench-") as scratch:
         layout = _scratch_project(source, Path(scratch))
         pinned = pins.load(layout.pins_file)
@@ -134,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         warm = pipeline.build_wheels(layout, pinned, request)
         sizes = {p.name: p.stat().st_size for p in sorted(layout.wheelhouse.glob("*.whl"))}
 
-    stage = "compile + jit-cache wheel"
+    stage = "render + compile"
     print(f"\ncold build ({', '.join(str(a) for a in archs)}, {os.cpu_count()} cores)")
     for name, seconds in cold.items():
         print(f"  {name:<28} {seconds:8.1f} s")
@@ -150,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     print("wheel sizes")
     for name, size in sizes.items():
         print(f"  {size / 1e6:7.1f} MB  {name}")
+    costs_file = Layout.from_root(source).costs_file
+    shards.update_costs(costs_file, _measured_on(request, "cold build"), modules=modules)
+    say(f"per-module costs written to {costs_file}")
     return 0
 
 

@@ -4,6 +4,11 @@ NCCL all_reduce followed by a separate residual add + RMSNorm, one rank per GPU.
 A benchmark, not a test. Each figure is the median of many CUDA-event-timed replays of a
 CUDA graph holding 10 calls, after warm-up. Needs at least two GPUs: ranks that share one
 GPU would time contention, not an interconnect.
+
+--launch-cost instead times what eager (no CUDA graph) decode pays on the host per call of
+each launcher patch 0004 changed: the median wall time of one call, which returns once the
+kernel is queued. Two ranks, sharing a GPU when there is only one: the host side is what is
+measured.
 """
 
 from __future__ import annotations
@@ -17,10 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .verify import _free_port
+from .verify import _free_port, init_ranks
 
 SIZES = [(tokens, hidden) for hidden in (4096, 7168) for tokens in (16, 128, 1024)]
 CALLS_PER_GRAPH = 10
+LAUNCH_COST_TOKENS = 8
+LAUNCH_COST_HIDDENS = (4096, 7168)
+LAUNCH_COST_CALLS = 2000
 
 
 def _time_graph(torch: Any, run: Callable[[], None], replays: int) -> float:
@@ -127,6 +135,191 @@ def _rank(rank: int, world_size: int, port: int, replays: int, out: str) -> None
     dist.destroy_process_group()
 
 
+def _host_microseconds(torch: Any, run: Callable[[], None], calls: int) -> tuple[float, float]:
+    """Median and 90th percentile host wall time of one call of `run`, in microseconds,
+    after warm-up (the first call fills any per-kernel cache)."""
+    import time
+
+    for _ in range(20):
+        run()
+    torch.cuda.synchronize()
+    samples = []
+    for index in range(calls):
+        started = time.perf_counter_ns()
+        run()
+        samples.append((time.perf_counter_ns() - started) / 1000)
+        if index % 200 == 199:
+            torch.cuda.synchronize()  # keep the launch queue short
+    torch.cuda.synchronize()
+    samples.sort()
+    return float(statistics.median(samples)), samples[int(len(samples) * 0.9)]
+
+
+def _launch_cost_rank(rank: int, world_size: int, devices: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    group = init_ranks(rank, world_size, devices, port)
+    rows = []
+    for hidden in LAUNCH_COST_HIDDENS:
+        rows += _launch_costs(rank, world_size, group, hidden)
+    if rank == 0:
+        Path(out).write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def _launch_costs(rank: int, world_size: int, group: Any, hidden: int) -> list[dict[str, Any]]:
+    import torch
+    import torch.distributed as dist
+    from flashinfer.comm import trtllm_ar
+
+    tokens = LAUNCH_COST_TOKENS
+    rows = []
+    handles, fusion = trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion(
+        rank, world_size, tokens, hidden, group=group
+    )
+    custom = trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce(
+        rank, world_size, tokens, hidden, group=group
+    )
+    custom_pointers = [torch.tensor(custom[i], dtype=torch.int64) for i in range(7)]
+    x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device="cuda")
+    residual, gamma = torch.randn_like(x), torch.ones(hidden, dtype=x.dtype, device="cuda")
+    out_a, out_b, out_c = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+    experts = torch.randn(4, tokens, hidden, dtype=x.dtype, device="cuda")
+    expert_scales = torch.rand(4, tokens, device="cuda")
+    flag = [0]
+
+    def fusion_call() -> None:
+        trtllm_ar.trtllm_allreduce_fusion(
+            allreduce_in=x,
+            world_size=world_size,
+            world_rank=rank,
+            token_num=tokens,
+            hidden_dim=hidden,
+            workspace_ptrs=fusion,
+            launch_with_pdl=True,
+            trigger_completion_at_end=True,
+            fp32_acc=True,
+            pattern_code=trtllm_ar.AllReduceFusionPattern.kARResidualRMSNorm,
+            use_oneshot=True,
+            allreduce_out=None,
+            residual_in=residual,
+            residual_out=out_a,
+            norm_out=out_b,
+            quant_out=None,
+            scale_out=None,
+            rms_gamma=gamma,
+            rms_eps=1e-6,
+            scale_factor=None,
+            layout_code=None,
+        )
+
+    def moe_reduction_call() -> None:
+        trtllm_ar.trtllm_moe_allreduce_fusion(
+            world_size=world_size,
+            world_rank=rank,
+            token_num=tokens,
+            hidden_dim=hidden,
+            workspace_ptrs=fusion,
+            launch_with_pdl=True,
+            residual_in=residual,
+            rms_gamma=gamma,
+            rms_eps=1e-6,
+            scale_factor=1.0,
+            moe_reduction_device_num_experts=4,
+            moe_reduction_scale_input=expert_scales,
+            moe_reduction_active_experts_token_input=experts,
+            moe_reduction_token_input=x,
+            layout_code=None,
+            moe_allreduce_out=out_c,
+            residual_out=out_a,
+            norm_out=out_b,
+            quant_out=None,
+            scale_out=None,
+        )
+
+    def custom_lamport_call() -> None:
+        flag[0] += 1
+        trtllm_ar.trtllm_custom_all_reduce(
+            inp=x,
+            out=out_b,
+            tp_size=world_size,
+            tp_rank=rank,
+            token_num=tokens,
+            fusion_op_code=trtllm_ar.AllReduceFusionOp.RESIDUAL_RMS_NORM,
+            strategy_code=trtllm_ar.AllReduceStrategyType.ONESHOT,
+            config_code=0,
+            launch_with_pdl=True,
+            flag_value=flag[0],
+            peer_comm_buffer_ptrs=custom_pointers[0],
+            peer_barrier_ptrs_in=custom_pointers[2],
+            peer_barrier_ptrs_out=custom_pointers[3],
+            bias=None,
+            residual=residual,
+            weight=gamma,
+            weight_pre_residual_norm=None,
+            eps=1e-6,
+            intermediate_buffer=out_a,
+            lamport_peer_comm_buffer_ptrs_0=custom_pointers[4],
+            lamport_peer_comm_buffer_ptrs_1=custom_pointers[5],
+            lamport_peer_comm_buffer_ptrs_2=custom_pointers[6],
+        )
+
+    for launcher, call in (
+        ("allreduce_fusion", fusion_call),
+        ("moe_reduction", moe_reduction_call),
+        ("custom_lamport_norm", custom_lamport_call),
+    ):
+        dist.barrier(group)
+        median, p90 = _host_microseconds(torch, call, LAUNCH_COST_CALLS)
+        rows.append(
+            {
+                "launcher": launcher,
+                "tokens": tokens,
+                "hidden": hidden,
+                "median_us": median,
+                "p90_us": p90,
+            }
+        )
+    dist.barrier(group)
+    trtllm_ar.trtllm_destroy_ipc_workspace_for_all_reduce(custom, group)
+    trtllm_ar.trtllm_destroy_ipc_workspace_for_all_reduce_fusion(handles, group)
+    return rows
+
+
+def launch_cost(json_path: Path | None) -> int:
+    import torch
+    import torch.multiprocessing as mp
+
+    devices = torch.cuda.device_count()
+    if devices == 0:
+        print("error: no CUDA GPU is visible", file=sys.stderr)
+        return 2
+    world_size = 2
+    print(
+        f"{devices} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}; "
+        f"{world_size} ranks on {min(devices, world_size)} GPU(s), eager, "
+        f"{LAUNCH_COST_CALLS} calls each"
+    )
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_gpu-launch-{os.getpid()}.json"
+    mp.spawn(
+        _launch_cost_rank,
+        args=(world_size, devices, _free_port(), str(out)),
+        nprocs=world_size,
+        join=True,
+    )
+    rows = json.loads(out.read_text())
+    out.unlink()
+    print(f"\n{'launcher':<20} {'tokens':>6} {'hidden':>6} {'median us':>9} {'p90 us':>7}")
+    for row in rows:
+        print(
+            f"{row['launcher']:<20} {row['tokens']:>6} {row['hidden']:>6} "
+            f"{row['median_us']:>9.1f} {row['p90_us']:>7.1f}"
+        )
+    if json_path:
+        json_path.write_text(json.dumps({"launch_cost": rows}, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_gpu", description=__doc__)
     parser.add_argument(
@@ -136,8 +329,15 @@ def main(argv: list[str] | None = None) -> int:
         help="ranks, one per GPU (default: 2, 4, 8 up to the GPU count)",
     )
     parser.add_argument("--replays", type=int, default=200)
+    parser.add_argument(
+        "--launch-cost",
+        action="store_true",
+        help="time each 0004 launcher's host cost per eager call instead (one GPU is enough)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    if args.launch_cost:
+        return launch_cost(args.json)
     import torch
     import torch.multiprocessing as mp
 

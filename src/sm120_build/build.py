@@ -409,72 +409,62 @@ def modules_cmake(modules: list[Module], toolkit: Toolkit) -> str:
 
 def build_jit_cache_wheel(
     *,
-    flashinfer_tree: Path,
+    sources: Path,
+    modules: list[Module],
     kernel_project: Path,
-    recipes: dict[str, str],
     archs: list[Arch],
     toolkit: Toolkit,
     version: str,
-    inputs_digest: str,
     scratch: Path,
     out_dir: Path,
     launcher: Launcher | None,
 ) -> KernelBuild:
-    """Build flashinfer-jit-cache `version`, holding the modules `recipes` make, into
-    out_dir, in a build tree under `scratch`.
-
-    `flashinfer_tree` must be the committed vendor tree: its HEAD is what gets compiled.
-    `inputs_digest` names the private source directory (see SOURCE_ROOT).
-    """
+    """Build flashinfer-jit-cache `version`, holding `modules` (rendered from `sources`, the
+    tree sources_at_fixed_path exported), into out_dir, in a build tree under `scratch`."""
     build_dir = scratch / "build"
-    with sources_at_fixed_path(flashinfer_tree, inputs_digest) as sources:
-        modules = render_modules(sources, recipes, archs, toolkit)
-        project = scratch / "flashinfer-jit-cache"
-        ignore = shutil.ignore_patterns("__pycache__", "_build_meta.py")
-        shutil.copytree(kernel_project, project, ignore=ignore)
-        (project / "flashinfer_jit_cache" / "_build_meta.py").write_text(
-            f'__version__ = "{version}"\n'
+    project = scratch / "flashinfer-jit-cache"
+    ignore = shutil.ignore_patterns("__pycache__", "_build_meta.py")
+    shutil.copytree(kernel_project, project, ignore=ignore)
+    (project / "flashinfer_jit_cache" / "_build_meta.py").write_text(f'__version__ = "{version}"\n')
+    (project / "modules.cmake").write_text(modules_cmake(modules, toolkit))
+    add_license_texts(sources, project / "licenses")
+    workspace = sources.parent / "workspace"
+    prefix_maps = [
+        f"{sources}=flashinfer",
+        f"{workspace}=flashinfer-generated",
+        *(f"{d}=tvm_ffi" for d in tvm_ffi_include_dirs()),
+    ]
+    defines = {
+        "MODULES_FILE": str(project / "modules.cmake"),
+        "PREFIX_MAPS": ";".join(prefix_maps),
+        "CMAKE_CUDA_COMPILER": str(toolkit.nvcc),
+        "CMAKE_EXPORT_COMPILE_COMMANDS": "ON",
+    }
+    if launcher is not None:
+        defines["CMAKE_CUDA_COMPILER_LAUNCHER"] = str(launcher.program)
+        defines["CMAKE_CXX_COMPILER_LAUNCHER"] = str(launcher.program)
+    command = pip_wheel_command(project, out_dir, "--verbose")
+    command += ["--config-settings", f"build-dir={build_dir}"]
+    for name, value in defines.items():
+        command += ["--config-settings", f"cmake.define.{name}={value}"]
+    env = dict(os.environ, CUDA_HOME=str(toolkit.home), CUDACXX=str(toolkit.nvcc))
+    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
+    if launcher is not None:
+        env.update(launcher.env)
+    units = sum(len(m.cuda_sources) + len(m.cxx_sources) for m in modules)
+    with step(
+        f"compiling {len(modules)} module(s), {units} translation units, for "
+        f"{', '.join(a.sm for a in archs)} with CUDA {toolkit.full_version} (minutes)"
+    ):
+        try:
+            result = subprocess.run(command, env=env)
+        finally:
+            if launcher is not None:
+                launcher.finish()
+    if result.returncode != 0:
+        raise UserError(
+            "the jit-cache build failed (its output is above). Nothing was added to wheelhouse/."
         )
-        (project / "modules.cmake").write_text(modules_cmake(modules, toolkit))
-        add_license_texts(sources, project / "licenses")
-        workspace = sources.parent / "workspace"
-        prefix_maps = [
-            f"{sources}=flashinfer",
-            f"{workspace}=flashinfer-generated",
-            *(f"{d}=tvm_ffi" for d in tvm_ffi_include_dirs()),
-        ]
-        defines = {
-            "MODULES_FILE": str(project / "modules.cmake"),
-            "PREFIX_MAPS": ";".join(prefix_maps),
-            "CMAKE_CUDA_COMPILER": str(toolkit.nvcc),
-            "CMAKE_EXPORT_COMPILE_COMMANDS": "ON",
-        }
-        if launcher is not None:
-            defines["CMAKE_CUDA_COMPILER_LAUNCHER"] = str(launcher.program)
-            defines["CMAKE_CXX_COMPILER_LAUNCHER"] = str(launcher.program)
-        command = pip_wheel_command(project, out_dir, "--verbose")
-        command += ["--config-settings", f"build-dir={build_dir}"]
-        for name, value in defines.items():
-            command += ["--config-settings", f"cmake.define.{name}={value}"]
-        env = dict(os.environ, CUDA_HOME=str(toolkit.home), CUDACXX=str(toolkit.nvcc))
-        env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
-        if launcher is not None:
-            env.update(launcher.env)
-        units = sum(len(m.cuda_sources) + len(m.cxx_sources) for m in modules)
-        with step(
-            f"compiling {len(modules)} module(s), {units} translation units, for "
-            f"{', '.join(a.sm for a in archs)} with CUDA {toolkit.full_version} (minutes)"
-        ):
-            try:
-                result = subprocess.run(command, env=env)
-            finally:
-                if launcher is not None:
-                    launcher.finish()
-        if result.returncode != 0:
-            raise UserError(
-                "the jit-cache build failed (its output is above). Nothing was added to "
-                "wheelhouse/."
-            )
     wheels = sorted(out_dir.glob("flashinfer_jit_cache-*.whl"))
     if len(wheels) != 1:
         raise UserError(f"expected one flashinfer_jit_cache wheel in {out_dir}, found {wheels}")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
-from . import audit, build, bump, pins, pipeline, profiles, publish, toolkit, vendor
+from . import audit, build, bump, pins, pipeline, profiles, publish, shards, toolkit, vendor
 from .cache import cache_lock, scratch_directory
 from .console import say
 from .errors import UserError
@@ -71,6 +71,36 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
 
 def _build_wheels(layout: Layout, args: argparse.Namespace) -> None:
     pipeline.build_wheels(layout, pins.load(layout.pins_file), kernel_request(layout, args))
+
+
+def _shard_spec(text: str) -> shards.ShardSpec:
+    try:
+        return shards.ShardSpec.parse(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _plan_shards(layout: Layout, args: argparse.Namespace) -> None:
+    if args.shards < 1:
+        raise UserError("--shards must be at least 1")
+    plan = pipeline.plan_shards(
+        layout, pins.load(layout.pins_file), kernel_request(layout, args), args.shards
+    )
+    if args.github_output:
+        # A GitHub Actions job output: the matrix of shard indices and their count.
+        with args.github_output.open("a") as output:
+            output.write(f"indices={json.dumps(list(range(1, len(plan) + 1)))}\n")
+            output.write(f"count={len(plan)}\n")
+
+
+def _build_shard(layout: Layout, args: argparse.Namespace) -> None:
+    pipeline.build_shard(
+        layout, pins.load(layout.pins_file), kernel_request(layout, args), args.shard
+    )
+
+
+def _merge_shards(layout: Layout, args: argparse.Namespace) -> None:
+    pipeline.merge_shards(layout, pins.load(layout.pins_file), args.base_jit_cache)
 
 
 def _export_patches(layout: Layout, args: argparse.Namespace) -> None:
@@ -195,6 +225,50 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_kernel_options(sub)
     sub.set_defaults(run=_build_wheels, locks_cache=True)
+
+    sub = commands.add_parser(
+        "plan-shards",
+        parents=[common],
+        help="split the requested modules over N build machines, balanced by "
+        "ci/module-costs.json, and print the plan",
+    )
+    add_kernel_options(sub)
+    sub.add_argument("--shards", type=int, required=True, metavar="N", help="build machines")
+    sub.add_argument(
+        "--github-output",
+        type=Path,
+        metavar="FILE",
+        help="append the shard indices and count as GitHub Actions outputs ($GITHUB_OUTPUT)",
+    )
+    sub.set_defaults(run=_plan_shards, locks_cache=True)
+
+    sub = commands.add_parser(
+        "build-shard",
+        parents=[common],
+        help="compile shard I of N of the requested modules into shards/I-of-N/",
+    )
+    add_kernel_options(sub)
+    sub.add_argument(
+        "--shard",
+        type=_shard_spec,
+        required=True,
+        metavar="I/N",
+        help="which shard, e.g. 2/4; every shard computes the same plan",
+    )
+    sub.set_defaults(run=_build_shard, locks_cache=True)
+
+    sub = commands.add_parser(
+        "merge-shards",
+        parents=[common],
+        help="assemble wheelhouse/ from every shard in shards/ (the same bytes as one "
+        "machine's build)",
+    )
+    sub.add_argument(
+        "--base-jit-cache",
+        metavar="WHEEL",
+        help="as for build-wheels: keep this jit-cache wheel's modules, except those built",
+    )
+    sub.set_defaults(run=_merge_shards, locks_cache=True)
 
     sub = commands.add_parser(
         "audit-gates",

@@ -46,6 +46,14 @@ class Layout:
         return self.root / "wheelhouse"
 
     @property
+    def shards(self) -> Path:
+        return self.root / "shards"
+
+    @property
+    def costs_file(self) -> Path:
+        return self.root / "ci" / "module-costs.json"
+
+    @property
     def kernel_project(self) -> Path:
         return self.root / "kernel"
 

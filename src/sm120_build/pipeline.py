@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from . import audit, build, fetch, toolkit, vendor, wheels
+from . import audit, build, fetch, shards, toolkit, vendor, wheels
 from .cache import scratch_directory, sha256_of, store_entry, verified_entry
 from .console import say
 from .errors import UserError
@@ -156,28 +157,53 @@ def _compiler_launcher(layout: Layout) -> build.Launcher | None:
     found = shutil.which("sccache")
     if found is None:
         return None
-    if any(name.startswith("SCCACHE_") and name != "SCCACHE_LOG" for name in os.environ):
+    # Set and not empty: CI passes unset repository variables as empty strings.
+    if any(
+        name.startswith("SCCACHE_") and name != "SCCACHE_LOG" and value
+        for name, value in os.environ.items()
+    ):
         return build.Launcher(Path(found), {}, own_server=False)
     port = 20000 + int(hashlib.sha256(str(layout.cache).encode()).hexdigest(), 16) % 10000
     env = {"SCCACHE_DIR": str(layout.cache / "sccache"), "SCCACHE_SERVER_PORT": str(port)}
     return build.Launcher(Path(found), env, own_server=True)
 
 
-def build_jit_cache(
+@dataclass(frozen=True)
+class CompiledPart:
+    """The jit-cache wheel of one shard's modules as the compiler left it, and its record:
+    what the merge checks and the provenance needs."""
+
+    wheel: Path
+    record: dict[str, Any]
+
+
+def _jit_cache_version(
+    layout: Layout, pins: Pins, request: KernelRequest, cuda: toolkit.Toolkit
+) -> str:
+    upstream = pins.upstream("flashinfer")
+    archs = sorted(set(request.archs))
+    return (
+        f"{upstream.version}+{cuda.label}."
+        f"{'.'.join(arch.label for arch in archs)}.{_vendor_label(layout, upstream)[6:]}"
+    )
+
+
+def compile_jit_cache(
     layout: Layout,
     pins: Pins,
     request: KernelRequest,
     cuda: toolkit.Toolkit,
     toolkit_source: str,
-    final_dir: Path,
-) -> Path:
+    shard: shards.ShardSpec,
+) -> CompiledPart:
+    """Compile `shard`'s share of the requested modules (all of them for 1/1), or reuse the
+    cached result of the same inputs."""
     upstream = pins.upstream("flashinfer")
     archs = sorted(set(request.archs))
-    version = (
-        f"{upstream.version}+{cuda.label}."
-        f"{'.'.join(arch.label for arch in archs)}.{_vendor_label(layout, upstream)[6:]}"
-    )
-    key = _digest(
+    version = _jit_cache_version(layout, pins, request, cuda)
+    costs = shards.load_costs(layout.costs_file) if shard.count > 1 else shards.Costs({}, {})
+    # Every shard of one build shares this key; the merge accepts only shards that agree.
+    build_key = _digest(
         "jit-cache",
         version,
         json.dumps(request.recipes, sort_keys=True),
@@ -191,50 +217,97 @@ def build_jit_cache(
                 if p.is_file() and "__pycache__" not in p.parts and p.name != "_build_meta.py"
             ]
         ),
-        _files_digest([PACKAGE_DIR / name for name in ("build.py", "jit_specs.py", "toolkit.py")]),
+        _files_digest(
+            [PACKAGE_DIR / name for name in ("build.py", "jit_specs.py", "toolkit.py", "shards.py")]
+        ),
+        shard.count,
+        costs.modules,
+        costs.per_unit,
     )
-    entry = layout.cache / "artifacts" / "jit-cache" / key
-    wheel = _cached_wheel(entry, f"flashinfer-jit-cache {version}")
-    if wheel is None:
-        with scratch_directory(layout.cache, "kernel-build") as scratch:
-            (scratch / "out").mkdir()
+    entry = layout.cache / "artifacts" / "jit-cache" / _digest(build_key, shard.index)
+    what = f"flashinfer-jit-cache {version}, shard {shard.index}/{shard.count}"
+    wheel = _cached_wheel(entry, what)
+    if wheel is not None:
+        say(f"{what}: reusing the cached build")
+        return CompiledPart(wheel, json.loads((entry / "record.json").read_text()))
+    with scratch_directory(layout.cache, "kernel-build") as scratch:
+        (scratch / "out").mkdir()
+        # Shards get source paths of their own, so shards on one machine can build at once.
+        digest = _digest(version, _vendor_inputs(layout, upstream), shard.label)
+        with build.sources_at_fixed_path(layout.vendor / "flashinfer", digest) as sources:
+            modules = build.render_modules(sources, request.recipes, archs, cuda)
+            plan = (
+                shards.plan(modules, costs, shard.count)
+                if shard.count > 1
+                else [[module.name for module in modules]]
+            )
+            share = set(plan[shard.index - 1])
             result = build.build_jit_cache_wheel(
-                flashinfer_tree=layout.vendor / "flashinfer",
+                sources=sources,
+                modules=[module for module in modules if module.name in share],
                 kernel_project=layout.kernel_project,
-                recipes=request.recipes,
                 archs=archs,
                 toolkit=cuda,
                 version=version,
-                inputs_digest=_digest(version, _vendor_inputs(layout, upstream)),
                 scratch=scratch,
                 out_dir=scratch / "out",
                 launcher=_compiler_launcher(layout),
             )
-            wheel = _store(
-                result.wheel,
-                entry,
-                {
-                    "compile_commands.json": json.dumps(result.compile_commands),
-                    "modules.json": json.dumps(result.modules),
-                    # Not in the wheel (it would change its bytes); for `nox -s bench`.
-                    "compile_seconds.json": json.dumps(result.compile_seconds),
-                },
-            )
-    else:
-        say(f"flashinfer-jit-cache {version}: reusing the cached build")
-    commands = json.loads((entry / "compile_commands.json").read_text())
+        record = {
+            "key": build_key,
+            "index": shard.index,
+            "count": shard.count,
+            "plan": plan,
+            "version": version,
+            "toolkit": {"cuda": cuda.full_version, "source": toolkit_source},
+            "archs": [str(arch) for arch in archs],
+            "recipes": request.recipes,
+            "modules": result.modules,
+            "compile_commands": result.compile_commands,
+        }
+        wheel = _store(
+            result.wheel,
+            entry,
+            {
+                "record.json": json.dumps(record),
+                # Not in the wheel (it would change its bytes); for `nox -s bench`.
+                "compile_seconds.json": json.dumps(result.compile_seconds),
+            },
+        )
+    return CompiledPart(wheel, record)
+
+
+def finish_jit_cache(
+    layout: Layout,
+    pins: Pins,
+    parts: list[CompiledPart],
+    base_jit_cache: str | None,
+    final_dir: Path,
+) -> Path:
+    """The jit-cache wheel of every part's modules, with its provenance, over the base
+    wheel if one is asked for. One machine's build is a single part; a sharded build's parts
+    give the same bytes."""
+    upstream = pins.upstream("flashinfer")
+    first = parts[0].record
+    modules: dict[str, str] = {}
+    commands: list[list[str]] = []
+    for part in parts:
+        modules.update(part.record["modules"])
+        commands += part.record["compile_commands"]
     provenance: dict[str, object] = {
         **_upstream_record(layout, upstream),
-        "toolkit": {"cuda": cuda.full_version, "source": toolkit_source},
-        "archs": [str(arch) for arch in archs],
-        "recipes": request.recipes,
-        "modules": json.loads((entry / "modules.json").read_text()),
-        "compile_commands": commands,
+        "toolkit": first["toolkit"],
+        "archs": first["archs"],
+        "recipes": first["recipes"],
+        "modules": modules,
+        "compile_commands": sorted(commands),
     }
-    with scratch_directory(layout.cache, "overlay") as scratch:
-        if request.base_jit_cache is not None:
-            base = fetch.fetch_pinned_wheel(request.base_jit_cache, layout.cache)
-            wheel, taken = wheels.overlay_base(wheel, base, scratch)
+    with scratch_directory(layout.cache, "jit-cache-wheel") as scratch:
+        wheel = shards.merge_wheels([part.wheel for part in parts], scratch / parts[0].wheel.name)
+        if base_jit_cache is not None:
+            base = fetch.fetch_pinned_wheel(base_jit_cache, layout.cache)
+            (scratch / "overlay").mkdir()
+            wheel, taken = wheels.overlay_base(wheel, base, scratch / "overlay")
             provenance["base_jit_cache"] = {
                 "wheel": base.name,
                 "sha256": sha256_of(base),
@@ -301,19 +374,8 @@ def build_sglang(layout: Layout, pins: Pins, final_dir: Path) -> Path:
     return _python_wheel(layout, pins, upstream, env, final_dir)
 
 
-def build_wheels(layout: Layout, pins: Pins, request: KernelRequest) -> dict[str, float]:
-    """Run the main job; return the seconds each stage took (for `nox -s bench`)."""
-    seconds: dict[str, float] = {}
-    clock = time.monotonic()
-
-    def lap(stage: str) -> None:
-        nonlocal clock
-        now = time.monotonic()
-        seconds[stage] = now - clock
-        clock = now
-
-    vendor_all(layout, pins)
-    lap("fetch + vendor")
+def _toolkit(layout: Layout, pins: Pins, request: KernelRequest) -> tuple[toolkit.Toolkit, str]:
+    """The toolkit the request compiles with, and how the provenance names its source."""
     if request.cuda_home is None:
         cuda = toolkit.pip_toolkit(pins.toolkit_requirement, layout.cache)
         source = f"pip: {pins.toolkit_requirement}"
@@ -321,12 +383,21 @@ def build_wheels(layout: Layout, pins: Pins, request: KernelRequest) -> dict[str
         cuda = toolkit.probe(request.cuda_home.resolve())
         source = f"system: {request.cuda_home.resolve()}"
     build.check_archs(request.archs, cuda)  # before anything compiles
-    lap("toolkit")
-    check_gates(layout, pins, cuda)
-    lap("gate audit")
+    return cuda, source
+
+
+def _wheelhouse(
+    layout: Layout,
+    pins: Pins,
+    parts: list[CompiledPart],
+    base: str | None,
+    lap: Callable[[str], None],
+) -> None:
+    """The jit-cache wheel from `parts`, the two Python wheels, SHA256SUMS and
+    requirements.txt, into wheelhouse/ at once."""
     with scratch_directory(layout.cache, "final") as final_dir:
-        built = [build_jit_cache(layout, pins, request, cuda, source, final_dir)]
-        lap("compile + jit-cache wheel")
+        built = [finish_jit_cache(layout, pins, parts, base, final_dir)]
+        lap("jit-cache wheel")
         built.append(build_flashinfer_python(layout, pins, final_dir))
         lap("flashinfer-python wheel")
         built.append(build_sglang(layout, pins, final_dir))
@@ -335,4 +406,81 @@ def build_wheels(layout: Layout, pins: Pins, request: KernelRequest) -> dict[str
         lap("wheelhouse")
     for wheel in built:
         say(f"wheelhouse/{wheel.name}")
-    return seconds
+
+
+class _Laps:
+    """Seconds per stage, for `nox -s bench`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._clock = time.monotonic()
+
+    def __call__(self, stage: str) -> None:
+        now = time.monotonic()
+        self.seconds[stage] = now - self._clock
+        self._clock = now
+
+
+def build_wheels(layout: Layout, pins: Pins, request: KernelRequest) -> dict[str, float]:
+    """Run the main job on this machine; return the seconds each stage took."""
+    lap = _Laps()
+    vendor_all(layout, pins)
+    lap("fetch + vendor")
+    cuda, source = _toolkit(layout, pins, request)
+    lap("toolkit")
+    check_gates(layout, pins, cuda)
+    lap("gate audit")
+    part = compile_jit_cache(layout, pins, request, cuda, source, shards.WHOLE)
+    lap("render + compile")
+    _wheelhouse(layout, pins, [part], request.base_jit_cache, lap)
+    return lap.seconds
+
+
+def plan_shards(layout: Layout, pins: Pins, request: KernelRequest, count: int) -> list[list[str]]:
+    """Render the request's modules and split them over `count` shards (printed)."""
+    vendor_all(layout, pins, ["flashinfer"])
+    cuda, _ = _toolkit(layout, pins, request)
+    upstream = pins.upstream("flashinfer")
+    version = _jit_cache_version(layout, pins, request, cuda)
+    costs = shards.load_costs(layout.costs_file)
+    digest = _digest("plan", version, _vendor_inputs(layout, upstream))
+    with build.sources_at_fixed_path(layout.vendor / "flashinfer", digest) as sources:
+        modules = build.render_modules(sources, request.recipes, sorted(set(request.archs)), cuda)
+    plan = shards.plan(modules, costs, count)
+    print(shards.plan_table(modules, costs, plan))
+    return plan
+
+
+def build_shard(
+    layout: Layout, pins: Pins, request: KernelRequest, shard: shards.ShardSpec
+) -> Path:
+    """Compile one shard's modules into shards/<i>-of-<N>/ for `merge_shards`."""
+    vendor_all(layout, pins)
+    cuda, source = _toolkit(layout, pins, request)
+    check_gates(layout, pins, cuda)
+    part = compile_jit_cache(layout, pins, request, cuda, source, shard)
+    written = shards.write_shard(layout.shards, shard, part.wheel, part.record)
+    say(
+        f"shard {shard.index}/{shard.count}: {len(part.record['modules'])} module(s) in "
+        f"{written.relative_to(layout.root)}/"
+    )
+    return written
+
+
+def merge_shards(layout: Layout, pins: Pins, base_jit_cache: str | None) -> None:
+    """Assemble wheelhouse/ from every shard in shards/: the same bytes as one machine's
+    build of the same request."""
+    vendor_all(layout, pins)
+    found = shards.read_shards(layout.shards)
+    upstream = pins.upstream("flashinfer")
+    series = _vendor_label(layout, upstream)[6:]
+    version = found[0].record["version"]
+    if not version.endswith(f".{series}"):
+        raise UserError(
+            f"the shards in {layout.shards.relative_to(layout.root)}/ are flashinfer-jit-cache "
+            f"{version}, built from another patch series than this checkout's ({series}): "
+            "merge them in the checkout (same commit) that built them"
+        )
+    parts = [CompiledPart(part.wheel, part.record) for part in found]
+    say(f"merging {len(parts)} shard(s), {sum(len(p.record['modules']) for p in parts)} modules")
+    _wheelhouse(layout, pins, parts, base_jit_cache, _Laps())

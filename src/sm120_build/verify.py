@@ -1,6 +1,12 @@
 """`nox -s verify_gpu`: prove that the installed AOT trtllm_comm kernels load without JIT
 and compute the right thing on this machine's GPUs.
 
+What runs: the allreduce fusion (one-shot lamport and two-shot, with and without PDL), the
+MoE finalize and MoE reduction fusions, the custom allreduce's lamport one-shot norm at 8
+tokens (patches 0001 and 0003), and a PDL race check (patch 0010): a producer kernel lets
+the fusion launch early, then writes residual_in late; a fusion that loads residual_in before
+its grid-dependency wait reads the stale buffer and fails the comparison.
+
 Run inside an environment that has torch and the wheelhouse's flashinfer-python and
 flashinfer-jit-cache installed, with FLASHINFER_DISABLE_JIT=1. One rank per GPU over NCCL;
 on a single GPU two ranks share it over gloo (CUDA IPC works between processes on one
@@ -29,11 +35,37 @@ TOLERANCES = {"bfloat16": (1.6e-2, 1.6e-2), "float16": (2e-3, 2e-3)}
 
 
 MOE_TOP_K = 4
+MOE_REDUCTION_EXPERTS = 4
+CUSTOM_ALLREDUCE_TOKENS = 8  # at most 16 tokens and hidden >= 256 take the lamport kernel
+
+# The PDL race check's producer, compiled by torch's own NVRTC (jiterator), so the node needs
+# no nvcc: each thread first lets dependent kernels launch, then waits 2 ms before it writes.
+PDL_PRODUCER = r"""
+template <typename T> T pdl_delayed_copy(T x) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < 2000000ull);
+  return x;
+}
+"""
+
+
+PATTERNS = (
+    "allreduce",
+    "residual_rmsnorm",
+    "moe_finalize",
+    "moe_reduction",
+    "custom_lamport_norm",
+    "pdl_race",
+)
 
 
 @dataclass(frozen=True)
 class Case:
-    pattern: str  # "allreduce", "residual_rmsnorm" or "moe_finalize"
+    pattern: str  # one of PATTERNS
     dtype: str
     oneshot: bool
     pdl: bool
@@ -74,6 +106,19 @@ def default_cases(world_size: int) -> list[Case]:
             for dtype in ("bfloat16", "float16"):
                 for pdl in (True, False):
                     cases.append(Case("moe_finalize", dtype, True, pdl, tokens, hidden))
+        # MoE reduction fusion (patch 0004's third launcher): per-token expert outputs scaled
+        # and summed, plus the FC2 output, allreduced, residual add and RMSNorm.
+        for tokens in (8, 64):
+            for dtype in ("bfloat16", "float16"):
+                for pdl in (True, False):
+                    cases.append(Case("moe_reduction", dtype, True, pdl, tokens, hidden))
+        for dtype in ("bfloat16", "float16"):
+            for pdl in (True, False):
+                cases.append(
+                    Case("custom_lamport_norm", dtype, True, pdl, CUSTOM_ALLREDUCE_TOKENS, hidden)
+                )
+            for oneshot in (True, False):
+                cases.append(Case("pdl_race", dtype, oneshot, True, 16, hidden))
     return cases
 
 
@@ -90,6 +135,42 @@ def _inputs(case: Case, world_size: int) -> tuple[list[Any], Any, Any]:
     residual = draw(base + 1000, case.tokens, case.hidden)
     gamma = 1.0 + 0.1 * draw(base + 2000, case.hidden)
     return shards, residual, gamma
+
+
+def _bias(case: Case) -> Any:
+    """The custom allreduce's bias, added before the residual."""
+    import torch
+
+    generator = torch.Generator().manual_seed((zlib.crc32(case.name.encode()) & 0xFFFF) + 4000)
+    return 0.1 * torch.randn(case.hidden, generator=generator)
+
+
+def _moe_reduction_inputs(case: Case, rank: int) -> tuple[Any, Any, Any]:
+    """One rank's expert outputs [experts, tokens, hidden], their fp32 scales [experts,
+    tokens] and the FC2 output [tokens, hidden]."""
+    import torch
+
+    generator = torch.Generator().manual_seed(
+        (zlib.crc32(case.name.encode()) & 0xFFFF) + 5000 + rank
+    )
+    experts = torch.randn(MOE_REDUCTION_EXPERTS, case.tokens, case.hidden, generator=generator)
+    scales = torch.rand(MOE_REDUCTION_EXPERTS, case.tokens, generator=generator)
+    fc2 = torch.randn(case.tokens, case.hidden, generator=generator)
+    return experts, scales, fc2
+
+
+def _moe_reduction_reference(case: Case, rank: int) -> Any:
+    """One rank's reduction as the kernel computes it: each fp32 product rounded to the dtype
+    and accumulated in the dtype, then the FC2 output added in the dtype."""
+    import torch
+
+    dtype = getattr(torch, case.dtype)
+    experts, scales, fc2 = _moe_reduction_inputs(case, rank)
+    accumulator = torch.zeros(case.tokens, case.hidden, dtype=dtype)
+    for expert, scale in zip(experts, scales, strict=True):
+        term = (expert.to(dtype).float() * scale[:, None]).to(dtype)
+        accumulator = (accumulator.float() + term.float()).to(dtype)
+    return (accumulator.float() + fc2.to(dtype).float()).to(dtype).float()
 
 
 def _moe_routing(case: Case, world_size: int) -> list[tuple[Any, Any, Any]]:
@@ -137,23 +218,39 @@ def _reference(case: Case, world_size: int, eps: float) -> dict[str, Any]:
             _moe_finalize_reference(case, shard, *routing)
             for shard, routing in zip(shards, _moe_routing(case, world_size), strict=True)
         )
+    elif case.pattern == "moe_reduction":
+        total = sum(_moe_reduction_reference(case, rank) for rank in range(world_size))
     else:
         # Round the inputs to the tested dtype first: the kernel sees these values.
         total = sum(shard.to(dtype).float() for shard in shards)
     if case.pattern == "allreduce":
         return {"allreduce_out": total}
     summed = total + residual.to(dtype).float()
+    if case.pattern == "custom_lamport_norm":
+        summed = summed + _bias(case).to(dtype).float()
     variance = summed.pow(2).mean(dim=-1, keepdim=True)
     normed = summed * torch.rsqrt(variance + eps) * gamma.to(dtype).float()
-    return {"residual_out": summed, "norm_out": normed}
+    expected = {"residual_out": summed, "norm_out": normed}
+    if case.pattern == "moe_reduction":
+        expected["allreduce_out"] = total
+    return expected
 
 
-def _run_rank(
-    rank: int, world_size: int, devices: int, port: int, cases: list[Case], results_path: str
-) -> None:
+@dataclass
+class Workspaces:
+    """One hidden size's IPC workspaces: the allreduce fusion's and the custom allreduce's."""
+
+    fusion_handles: Any
+    fusion: Any
+    custom: list[list[int]]
+    custom_flag: int = 0  # the custom allreduce's barrier flag, one more per call
+
+
+def init_ranks(rank: int, world_size: int, devices: int, port: int) -> Any:
+    """Join the process group: NCCL with one GPU per rank, gloo where ranks share a GPU (CUDA
+    IPC works between processes on one device). Returns the group."""
     import torch
     import torch.distributed as dist
-    from flashinfer.comm import trtllm_ar
 
     device = rank % devices
     torch.cuda.set_device(device)
@@ -165,77 +262,187 @@ def _run_rank(
         world_size=world_size,
         device_id=torch.device("cuda", device) if backend == "nccl" else None,
     )
-    group = dist.group.WORLD
+    return dist.group.WORLD
+
+
+def _run_case(
+    case: Case, rank: int, world_size: int, workspaces: Workspaces, eps: float
+) -> dict[str, Any]:
+    """Run one case on this rank; return its outputs (NaN where a kernel wrote nothing)."""
+    import torch
+    from flashinfer.comm import trtllm_ar
+
+    dtype = getattr(torch, case.dtype)
+    shards, residual, gamma = _inputs(case, world_size)
+    x = shards[rank].to(dtype).cuda()
+    residual_in = residual.to(dtype).cuda()
+    rms_gamma = gamma.to(dtype).cuda()
+    outputs = {
+        name: torch.full((case.tokens, case.hidden), float("nan"), dtype=dtype, device="cuda")
+        for name in ("allreduce_out", "residual_out", "norm_out")
+    }
+    if case.pattern == "moe_finalize":
+        permuted, scales, shared = _moe_routing(case, world_size)[rank]
+        trtllm_ar.trtllm_moe_finalize_allreduce_fusion(
+            allreduce_in=x,
+            residual_in=residual_in,
+            norm_weight=rms_gamma,
+            expanded_idx_to_permuted_idx=permuted.cuda(),
+            norm_out=outputs["norm_out"],
+            residual_out=outputs["residual_out"],
+            workspace_ptrs=workspaces.fusion,
+            launch_with_pdl=case.pdl,
+            world_rank=rank,
+            world_size=world_size,
+            eps=eps,
+            shared_expert_output=shared.to(dtype).cuda(),
+            expert_scale_factor=scales.to(dtype).cuda(),
+        )
+    elif case.pattern == "moe_reduction":
+        experts, expert_scales, fc2 = _moe_reduction_inputs(case, rank)
+        trtllm_ar.trtllm_moe_allreduce_fusion(
+            world_size=world_size,
+            world_rank=rank,
+            token_num=case.tokens,
+            hidden_dim=case.hidden,
+            workspace_ptrs=workspaces.fusion,
+            launch_with_pdl=case.pdl,
+            residual_in=residual_in,
+            rms_gamma=rms_gamma,
+            rms_eps=eps,
+            scale_factor=1.0,
+            moe_reduction_device_num_experts=MOE_REDUCTION_EXPERTS,
+            moe_reduction_scale_input=expert_scales.cuda(),
+            moe_reduction_active_experts_token_input=experts.to(dtype).cuda(),
+            moe_reduction_token_input=fc2.to(dtype).cuda(),
+            layout_code=None,
+            moe_allreduce_out=outputs["allreduce_out"],
+            residual_out=outputs["residual_out"],
+            norm_out=outputs["norm_out"],
+            quant_out=None,
+            scale_out=None,
+        )
+    elif case.pattern == "custom_lamport_norm":
+        workspaces.custom_flag += 1
+
+        def pointers(index: int) -> Any:
+            return torch.tensor(workspaces.custom[index], dtype=torch.int64)
+
+        trtllm_ar.trtllm_custom_all_reduce(
+            inp=x,
+            out=outputs["norm_out"],
+            tp_size=world_size,
+            tp_rank=rank,
+            token_num=case.tokens,
+            fusion_op_code=trtllm_ar.AllReduceFusionOp.RESIDUAL_RMS_NORM,
+            strategy_code=trtllm_ar.AllReduceStrategyType.ONESHOT,
+            config_code=0,
+            launch_with_pdl=case.pdl,
+            flag_value=workspaces.custom_flag,
+            peer_comm_buffer_ptrs=pointers(0),
+            peer_barrier_ptrs_in=pointers(2),
+            peer_barrier_ptrs_out=pointers(3),
+            bias=_bias(case).to(dtype).cuda(),
+            residual=residual_in,
+            weight=rms_gamma,
+            weight_pre_residual_norm=None,
+            eps=eps,
+            intermediate_buffer=outputs["residual_out"],
+            lamport_peer_comm_buffer_ptrs_0=pointers(4),
+            lamport_peer_comm_buffer_ptrs_1=pointers(5),
+            lamport_peer_comm_buffer_ptrs_2=pointers(6),
+        )
+    else:
+        if case.pattern == "pdl_race":
+            residual_in = _late_residual(residual_in)
+        fused = case.pattern != "allreduce"
+        trtllm_ar.trtllm_allreduce_fusion(
+            allreduce_in=x,
+            world_size=world_size,
+            world_rank=rank,
+            token_num=case.tokens,
+            hidden_dim=case.hidden,
+            workspace_ptrs=workspaces.fusion,
+            launch_with_pdl=case.pdl,
+            trigger_completion_at_end=True,
+            fp32_acc=True,
+            pattern_code=(
+                trtllm_ar.AllReduceFusionPattern.kARResidualRMSNorm
+                if fused
+                else trtllm_ar.AllReduceFusionPattern.kAllReduce
+            ),
+            use_oneshot=case.oneshot,
+            allreduce_out=None if fused else outputs["allreduce_out"],
+            residual_in=residual_in if fused else None,
+            residual_out=outputs["residual_out"] if fused else None,
+            norm_out=outputs["norm_out"] if fused else None,
+            quant_out=None,
+            scale_out=None,
+            rms_gamma=rms_gamma if fused else None,
+            rms_eps=eps if fused else None,
+            scale_factor=None,
+            layout_code=None,
+        )
+    torch.cuda.synchronize()
+    return outputs
+
+
+def _late_residual(residual: Any) -> Any:
+    """A copy of `residual` that PDL_PRODUCER writes 2 ms after it let dependent kernels
+    launch, into memory that held NaN: whatever reads it before its grid-dependency wait
+    reads NaN. The NaN block is freed just before the copy is allocated, so torch's caching
+    allocator hands the same memory to the copy."""
+    import torch
+
+    _pdl_producer()(residual[:1])  # NVRTC compiles per dtype on first use: not in between
+    poisoned = torch.full_like(residual, float("nan"))
+    poisoned_at = poisoned.data_ptr()
+    del poisoned
+    late = _pdl_producer()(residual)
+    if late.data_ptr() != poisoned_at:
+        raise RuntimeError("pdl_race: the producer's output did not reuse the NaN block")
+    return late
+
+
+_producer: Any = None
+
+
+def _pdl_producer() -> Any:
+    global _producer
+    if _producer is None:
+        import torch
+
+        _producer = torch.cuda.jiterator._create_jit_fn(PDL_PRODUCER)
+    return _producer
+
+
+def _run_rank(
+    rank: int, world_size: int, devices: int, port: int, cases: list[Case], results_path: str
+) -> None:
+    import torch.distributed as dist
+    from flashinfer.comm import trtllm_ar
+
+    group = init_ranks(rank, world_size, devices, port)
     eps = 1e-6
     results: list[Result] = []
     for hidden in sorted({case.hidden for case in cases}):
         max_tokens = max(case.tokens for case in cases if case.hidden == hidden)
-        ipc_handles, workspace = trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion(
+        handles, fusion = trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion(
             rank, world_size, max_tokens, hidden, group=group
         )
+        custom = trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce(
+            rank, world_size, CUSTOM_ALLREDUCE_TOKENS, hidden, group=group
+        )
+        workspaces = Workspaces(handles, fusion, custom)
         for case in (c for c in cases if c.hidden == hidden):
-            dtype = getattr(torch, case.dtype)
-            shards, residual, gamma = _inputs(case, world_size)
-            x = shards[rank].to(dtype).cuda()
-            outputs = {
-                name: torch.full(
-                    (case.tokens, case.hidden), float("nan"), dtype=dtype, device="cuda"
-                )
-                for name in ("allreduce_out", "residual_out", "norm_out")
-            }
+            if rank == 0:
+                print(f"[{cases.index(case) + 1}/{len(cases)}] {case.name}", flush=True)
             dist.barrier(group)
-            if case.pattern == "moe_finalize":
-                permuted, scales, shared = _moe_routing(case, world_size)[rank]
-                trtllm_ar.trtllm_moe_finalize_allreduce_fusion(
-                    allreduce_in=x,
-                    residual_in=residual.to(dtype).cuda(),
-                    norm_weight=gamma.to(dtype).cuda(),
-                    expanded_idx_to_permuted_idx=permuted.cuda(),
-                    norm_out=outputs["norm_out"],
-                    residual_out=outputs["residual_out"],
-                    workspace_ptrs=workspace,
-                    launch_with_pdl=case.pdl,
-                    world_rank=rank,
-                    world_size=world_size,
-                    eps=eps,
-                    shared_expert_output=shared.to(dtype).cuda(),
-                    expert_scale_factor=scales.to(dtype).cuda(),
-                )
-                torch.cuda.synchronize()
-                results += _compare(case, rank, outputs, world_size, eps)
-                continue
-            pattern = (
-                trtllm_ar.AllReduceFusionPattern.kAllReduce
-                if case.pattern == "allreduce"
-                else trtllm_ar.AllReduceFusionPattern.kARResidualRMSNorm
-            )
-            trtllm_ar.trtllm_allreduce_fusion(
-                allreduce_in=x,
-                world_size=world_size,
-                world_rank=rank,
-                token_num=case.tokens,
-                hidden_dim=case.hidden,
-                workspace_ptrs=workspace,
-                launch_with_pdl=case.pdl,
-                trigger_completion_at_end=True,
-                fp32_acc=True,
-                pattern_code=pattern,
-                use_oneshot=case.oneshot,
-                allreduce_out=outputs["allreduce_out"] if case.pattern == "allreduce" else None,
-                residual_in=residual.to(dtype).cuda() if case.pattern != "allreduce" else None,
-                residual_out=outputs["residual_out"] if case.pattern != "allreduce" else None,
-                norm_out=outputs["norm_out"] if case.pattern != "allreduce" else None,
-                quant_out=None,
-                scale_out=None,
-                rms_gamma=gamma.to(dtype).cuda() if case.pattern != "allreduce" else None,
-                rms_eps=eps if case.pattern != "allreduce" else None,
-                scale_factor=None,
-                layout_code=None,
-            )
-            torch.cuda.synchronize()
+            outputs = _run_case(case, rank, world_size, workspaces, eps)
             results += _compare(case, rank, outputs, world_size, eps)
         dist.barrier(group)
-        trtllm_ar.trtllm_destroy_ipc_workspace_for_all_reduce_fusion(ipc_handles, group)
+        trtllm_ar.trtllm_destroy_ipc_workspace_for_all_reduce(custom, group)
+        trtllm_ar.trtllm_destroy_ipc_workspace_for_all_reduce_fusion(handles, group)
     Path(results_path).with_suffix(f".rank{rank}.json").write_text(
         json.dumps([asdict(result) for result in results])
     )
@@ -286,6 +493,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--world-size", type=int, help="ranks (default: one per GPU, two on a single GPU)"
     )
+    parser.add_argument(
+        "--pattern",
+        action="append",
+        choices=PATTERNS,
+        help="check only this pattern (repeatable; default: all)",
+    )
     parser.add_argument("--json", type=Path, help="also write all results to this file")
     args = parser.parse_args(argv)
 
@@ -320,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({'inside' if from_package else 'OUTSIDE'} the flashinfer-jit-cache package)"
     )
 
-    cases = default_cases(world_size)
+    cases = [c for c in default_cases(world_size) if c.pattern in (args.pattern or PATTERNS)]
     scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"verify_gpu-{os.getpid()}"
     mp.spawn(
         _run_rank,
