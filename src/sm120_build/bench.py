@@ -129,36 +129,62 @@ def _timed(command: list[str], cwd: Path, env: dict[str, str]) -> float:
     return time.monotonic() - started
 
 
+# Shards share one source path (/tmp/sm120-build-<digest>, part of the bytes), so shards
+# that run at once on one machine each get a /tmp of their own, as on separate machines.
+_PRIVATE_TMP = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
+_MOUNT_AND_RUN = 'mount -t tmpfs -o mode=1777 tmpfs /tmp && exec "$@"'
+
+
 def sharded(source: Path, scratch: Path, kernel_args: list[str], count: int) -> int:
     """One machine simulating a sharded build: the request built once with every core, then
-    as `count` shard processes at once (each its own project copy, build tree and cores, one
-    shared sccache directory: CI's machines and remote cache) merged, then the same again
-    from the warm shared sccache. Prints wall times and whether the bytes agree."""
+    as `count` shard processes at once (each its own project copy, build tree, /tmp and
+    cores; one shared sccache directory: CI's machines and remote cache) merged, then the same
+    again from the warm shared sccache. Prints wall times and whether the bytes agree."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        raise UserError(
+            "--shards runs each shard with a /tmp of its own: it needs root and unshare"
+        )
     cores = os.cpu_count() or 1
     python = [sys.executable, "-m", "sm120_build"]
-    # Each project its own cache (as each CI machine has): only sccache's is shared.
+    # Each project its own cache (as each CI machine has): only sccache's directory is shared.
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCCACHE_") and k != CACHE_ENV}
     single = _scratch_project(source, scratch / "single").root
     say(f"one build, {cores} cores")
     times = {"one build": _timed([*python, "build-wheels", *kernel_args], single, env)}
-    shared = {
-        **env,
-        "SCCACHE_DIR": str(scratch / "shared-sccache"),
-        "SCCACHE_SERVER_PORT": str(30000 + os.getpid() % 10000),
-        "CMAKE_BUILD_PARALLEL_LEVEL": str(max(1, cores // count)),
-    }
+    ports = [str(30000 + (os.getpid() + i) % 10000) for i in range(count)]
+    shard_env = [
+        {
+            **env,
+            "SCCACHE_DIR": str(scratch / "shared-sccache"),
+            "SCCACHE_SERVER_PORT": port,  # a server per shard, in the shard's mount namespace
+            "CMAKE_BUILD_PARALLEL_LEVEL": str(max(1, cores // count)),
+        }
+        for port in ports
+    ]
+    roots = [_scratch_project(source, scratch / f"shard-{i}").root for i in range(1, count + 1)]
     try:
         for run in ("cold", "warm"):
             say(f"{count} shards at once, {max(1, cores // count)} core(s) each, {run} sccache")
-            roots = [
-                _scratch_project(source, scratch / f"{run}-{i}").root for i in range(1, count + 1)
-            ]
+            for root in roots:
+                # Same paths (the toolkit's path is in every compile command, as on CI
+                # machines with one workspace path), fresh build trees, no cached wheels.
+                for produced in (root / ".cache" / "artifacts" / "jit-cache", root / "shards"):
+                    shutil.rmtree(produced, ignore_errors=True)
             started = time.monotonic()
             processes = [
                 subprocess.Popen(
-                    [*python, "build-shard", *kernel_args, "--shard", f"{i}/{count}"],
+                    [
+                        *_PRIVATE_TMP,
+                        _MOUNT_AND_RUN,
+                        "sh",
+                        *python,
+                        "build-shard",
+                        *kernel_args,
+                        "--shard",
+                        f"{i}/{count}",
+                    ],
                     cwd=root,
-                    env=shared,
+                    env=shard_env[i - 1],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     text=True,
@@ -171,7 +197,7 @@ def sharded(source: Path, scratch: Path, kernel_args: list[str], count: int) -> 
                     raise UserError(f"a shard failed:\n{stderr[-3000:]}")
             for root in roots[1:]:
                 shutil.copytree(root / "shards", roots[0] / "shards", dirs_exist_ok=True)
-            _timed([*python, "merge-shards"], roots[0], shared)
+            _timed([*python, "merge-shards"], roots[0], env)
             times[f"{count} shards + merge, {run} sccache"] = time.monotonic() - started
             same = all(
                 (roots[0] / "wheelhouse" / p.name).read_bytes() == p.read_bytes()
@@ -179,7 +205,8 @@ def sharded(source: Path, scratch: Path, kernel_args: list[str], count: int) -> 
             )
             say(f"merged wheelhouse {'is' if same else 'is NOT'} byte-identical to one build's")
     finally:
-        subprocess.run(["sccache", "--stop-server"], env=shared, capture_output=True)
+        for shard in shard_env:
+            subprocess.run(["sccache", "--stop-server"], env=shard, capture_output=True)
     first = times["one build"]
     print(f"\nsharded build simulation ({cores} cores, {' '.join(kernel_args)})")
     for name, seconds in times.items():
@@ -214,7 +241,10 @@ def main(argv: list[str] | None = None) -> int:
             *(f"--module={name}" for name in args.module or []),
             *(f"--arch={arch}" for arch in args.arch or []),
         ]
-        with tempfile.TemporaryDirectory(prefix="sm120-bench-") as scratch:
+        # Outside /tmp, which each shard replaces by one of its own.
+        cache = Layout.from_root(source).cache
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="bench-shards-", dir=cache) as scratch:
             return sharded(source, Path(scratch), kernel_args, args.shards)
     if args.sample is not None:
         with tempfile.TemporaryDirectory(prefix="sm120-bench-") as scratch:

@@ -232,8 +232,9 @@ def compile_jit_cache(
         return CompiledPart(wheel, json.loads((entry / "record.json").read_text()))
     with scratch_directory(layout.cache, "kernel-build") as scratch:
         (scratch / "out").mkdir()
-        # Shards get source paths of their own, so shards on one machine can build at once.
-        digest = _digest(version, _vendor_inputs(layout, upstream), shard.label)
+        # The same source path for every shard and for one machine's build: nvcc hashes it
+        # into symbol names, so it is part of the bytes (and of sccache's keys).
+        digest = _digest(version, _vendor_inputs(layout, upstream))
         with build.sources_at_fixed_path(layout.vendor / "flashinfer", digest) as sources:
             modules = build.render_modules(sources, request.recipes, archs, cuda)
             plan = (

@@ -21,6 +21,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import zlib
 from dataclasses import asdict, dataclass
@@ -37,6 +38,7 @@ TOLERANCES = {"bfloat16": (1.6e-2, 1.6e-2), "float16": (2e-3, 2e-3)}
 MOE_TOP_K = 4
 MOE_REDUCTION_EXPERTS = 4
 CUSTOM_ALLREDUCE_TOKENS = 8  # at most 16 tokens and hidden >= 256 take the lamport kernel
+CASE_TIMEOUT = 60  # seconds; every case takes well under one
 
 # The PDL race check's producer, compiled by torch's own NVRTC (jiterator), so the node needs
 # no nvcc: each thread first lets dependent kernels launch, then waits 2 ms before it writes.
@@ -416,6 +418,15 @@ def _pdl_producer() -> Any:
     return _producer
 
 
+def _hung(rank: int, case: Case) -> None:
+    print(
+        f"rank {rank}: {case.name} did not finish in {CASE_TIMEOUT} s (custom flag or lamport "
+        "buffers out of step between ranks, or a kernel that waits on a peer that never wrote)",
+        flush=True,
+    )
+    os._exit(3)
+
+
 def _run_rank(
     rank: int, world_size: int, devices: int, port: int, cases: list[Case], results_path: str
 ) -> None:
@@ -438,7 +449,11 @@ def _run_rank(
             if rank == 0:
                 print(f"[{cases.index(case) + 1}/{len(cases)}] {case.name}", flush=True)
             dist.barrier(group)
+            # A rank waiting on a peer that never writes spins forever: name the case and stop.
+            watchdog = threading.Timer(CASE_TIMEOUT, _hung, args=(rank, case))
+            watchdog.start()
             outputs = _run_case(case, rank, world_size, workspaces, eps)
+            watchdog.cancel()
             results += _compare(case, rank, outputs, world_size, eps)
         dist.barrier(group)
         trtllm_ar.trtllm_destroy_ipc_workspace_for_all_reduce(custom, group)
