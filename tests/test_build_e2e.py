@@ -855,6 +855,28 @@ def test_shards_merge_to_the_single_machine_wheelhouse_byte_for_byte(
         assert ours.read_bytes() == theirs.read_bytes(), ours.name
 
 
+def test_plan_shards_gives_ci_its_matrix_and_the_plan_the_shards_follow(
+    small: Path, tmp_path: Path
+) -> None:
+    root = fresh_root(tmp_path)
+    output = tmp_path / "github-output"
+    result = sm120_build(
+        root,
+        small / ".cache",
+        "plan-shards",
+        *THREE,
+        "--shards",
+        "2",
+        "--github-output",
+        str(output),
+    )
+    assert output.read_text() == "indices=[1, 2]\ncount=2\n"
+    # ci/module-costs.json: fp4_quantization_120 (34.9 s) alone, norm (29.5) + cascade (14.7)
+    table = result.stdout.splitlines()
+    assert table[1].split()[:3] == ["1", "1", "7"] and "fp4_quantization_120" in table[1]
+    assert table[2].split()[:3] == ["2", "2", "4"]
+
+
 def test_merge_refuses_an_incomplete_set_and_writes_nothing(small: Path, tmp_path: Path) -> None:
     root = fresh_root(tmp_path)
     sm120_build(root, small / ".cache", "build-shard", *THREE, "--shard", "2/3")

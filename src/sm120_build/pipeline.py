@@ -225,7 +225,9 @@ def compile_jit_cache(
         costs.per_unit,
     )
     entry = layout.cache / "artifacts" / "jit-cache" / _digest(build_key, shard.index)
-    what = f"flashinfer-jit-cache {version}, shard {shard.index}/{shard.count}"
+    what = f"flashinfer-jit-cache {version}" + (
+        f", shard {shard.index}/{shard.count}" if shard.count > 1 else ""
+    )
     wheel = _cached_wheel(entry, what)
     if wheel is not None:
         say(f"{what}: reusing the cached build")
