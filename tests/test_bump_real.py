@@ -57,7 +57,7 @@ def test_flashinfer_0_6_4(vendored_project: Path) -> None:
     assert patches["0004"]["verdict"] == "conflict"
     assert [
         (h["file"], h["hunk"]) for h in patches["0004"]["hunks"] if h["verdict"] != "clean"
-    ] == [("include/flashinfer/comm/trtllm_allreduce_fusion.cuh", "@@ -1435,17 +1441,17 @@")]
+    ] == [("include/flashinfer/comm/trtllm_allreduce_fusion.cuh", "@@ -1435,17 +1433,17 @@")]
     assert {patches[n]["verdict"] for n in ("0001", "0002", "0003", "0007")} == {"clean"}
     assert any("flashinfer-cubin 0.6.4" in line for line in report["related"])
 

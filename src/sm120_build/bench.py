@@ -135,6 +135,11 @@ _PRIVATE_TMP = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
 _MOUNT_AND_RUN = 'mount -t tmpfs -o mode=1777 tmpfs /tmp && exec "$@"'
 
 
+def _stop_servers(environments: list[dict[str, str]]) -> None:
+    for env in environments:
+        subprocess.run(["sccache", "--stop-server"], env=env, capture_output=True)
+
+
 def sharded(source: Path, scratch: Path, kernel_args: list[str], count: int) -> int:
     """One machine simulating a sharded build: the request built once with every core, then
     as `count` shard processes at once (each its own project copy, build tree, /tmp and
@@ -151,6 +156,7 @@ def sharded(source: Path, scratch: Path, kernel_args: list[str], count: int) -> 
     single = _scratch_project(source, scratch / "single").root
     say(f"one build, {cores} cores")
     times = {"one build": _timed([*python, "build-wheels", *kernel_args], single, env)}
+    say(f"one build: {times['one build']:.1f} s")
     ports = [str(30000 + (os.getpid() + i) % 10000) for i in range(count)]
     shard_env = [
         {
@@ -199,14 +205,15 @@ def sharded(source: Path, scratch: Path, kernel_args: list[str], count: int) -> 
                 shutil.copytree(root / "shards", roots[0] / "shards", dirs_exist_ok=True)
             _timed([*python, "merge-shards"], roots[0], env)
             times[f"{count} shards + merge, {run} sccache"] = time.monotonic() - started
+            say(f"{count} shards + merge, {run} sccache: {time.monotonic() - started:.1f} s")
             same = all(
                 (roots[0] / "wheelhouse" / p.name).read_bytes() == p.read_bytes()
                 for p in (single / "wheelhouse").iterdir()
             )
             say(f"merged wheelhouse {'is' if same else 'is NOT'} byte-identical to one build's")
+            _stop_servers(shard_env)  # they see this run's /tmp only
     finally:
-        for shard in shard_env:
-            subprocess.run(["sccache", "--stop-server"], env=shard, capture_output=True)
+        _stop_servers(shard_env)
     first = times["one build"]
     print(f"\nsharded build simulation ({cores} cores, {' '.join(kernel_args)})")
     for name, seconds in times.items():
