@@ -53,11 +53,12 @@ def test_flashinfer_0_6_4(vendored_project: Path) -> None:
     assert patches["0005"]["verdict"] in ("upstream in another form", "upstream")
     assert patches["0005"]["action"] == "drop"
     # 0004's cluster clamp is not upstream until 0.6.17, but PR 2557 rewrote the FP4 block
-    # one of its hunks edits: a conflict naming that hunk, to refresh.
+    # two of its hunks edit or follow: a conflict naming those hunks, to refresh.
     assert patches["0004"]["verdict"] == "conflict"
+    fusion = "include/flashinfer/comm/trtllm_allreduce_fusion.cuh"
     assert [
         (h["file"], h["hunk"]) for h in patches["0004"]["hunks"] if h["verdict"] != "clean"
-    ] == [("include/flashinfer/comm/trtllm_allreduce_fusion.cuh", "@@ -1435,17 +1433,17 @@")]
+    ] == [(fusion, "@@ -1435,17 +1433,17 @@"), (fusion, "@@ -1468,6 +1466,25 @@")]
     assert {patches[n]["verdict"] for n in ("0001", "0002", "0003", "0007")} == {"clean"}
     assert any("flashinfer-cubin 0.6.4" in line for line in report["related"])
 

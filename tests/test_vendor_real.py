@@ -72,13 +72,18 @@ def test_lamport_pointers_use_the_kernel_stride(root: Path) -> None:
 
 
 def test_cluster_sizes_are_clamped_by_the_driver(root: Path) -> None:
+    """Patch 0004: each launcher asks the driver about the kernel and block size it launches
+    (LaunchableClusterSize), whose answer is rounded down to a power of two and cached."""
     comm = root / "vendor/flashinfer/include/flashinfer/comm"
     calls = sum(
-        path.read_text().count("MaxLaunchableClusterSize(") for path in comm.glob("trtllm_*.cuh")
+        len(re.findall(r"\bLaunchableClusterSize\(", path.read_text()))
+        for path in comm.glob("trtllm_*.cuh")
     )
     assert calls == 4  # lamport launcher, fusion launcher, two MoE launchers
     assert "cluster_size = 8;" not in (comm / "trtllm_allreduce_fusion.cuh").read_text()
-    assert "int cluster_size = 8;" not in (comm / "trtllm_moe_allreduce_fusion.cuh").read_text()
+    utils = (root / "vendor/flashinfer/include/flashinfer/utils.cuh").read_text()
+    assert "while (supported & (supported - 1))" in utils  # power of two
+    assert "static std::map<std::tuple<const void*, int, int>, int> answers;" in utils
 
 
 FP4_HARNESS = """
