@@ -17,6 +17,7 @@ no communication and never goes through the kernels under test.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -124,18 +125,24 @@ def default_cases(world_size: int) -> list[Case]:
     return cases
 
 
+def _generator(case: Case, offset: int) -> Any:
+    """A torch generator seeded from the case's name (the same in every rank's process)
+    plus `offset`, one per kind of input."""
+    import torch
+
+    return torch.Generator().manual_seed((zlib.crc32(case.name.encode()) & 0xFFFF) + offset)
+
+
 def _inputs(case: Case, world_size: int) -> tuple[list[Any], Any, Any]:
     import torch
 
-    def draw(seed: int, *shape: int) -> Any:
-        generator = torch.Generator().manual_seed(seed)
-        return torch.randn(*shape, generator=generator, dtype=torch.float32)
+    def draw(offset: int, *shape: int) -> Any:
+        return torch.randn(*shape, generator=_generator(case, offset), dtype=torch.float32)
 
-    base = zlib.crc32(case.name.encode()) & 0xFFFF  # same in every rank's process
     rows = case.tokens * (MOE_TOP_K if case.pattern == "moe_finalize" else 1)
-    shards = [draw(base + rank, rows, case.hidden) for rank in range(world_size)]
-    residual = draw(base + 1000, case.tokens, case.hidden)
-    gamma = 1.0 + 0.1 * draw(base + 2000, case.hidden)
+    shards = [draw(rank, rows, case.hidden) for rank in range(world_size)]
+    residual = draw(1000, case.tokens, case.hidden)
+    gamma = 1.0 + 0.1 * draw(2000, case.hidden)
     return shards, residual, gamma
 
 
@@ -143,8 +150,7 @@ def _bias(case: Case) -> Any:
     """The custom allreduce's bias, added before the residual."""
     import torch
 
-    generator = torch.Generator().manual_seed((zlib.crc32(case.name.encode()) & 0xFFFF) + 4000)
-    return 0.1 * torch.randn(case.hidden, generator=generator)
+    return 0.1 * torch.randn(case.hidden, generator=_generator(case, 4000))
 
 
 def _moe_reduction_inputs(case: Case, rank: int) -> tuple[Any, Any, Any]:
@@ -152,9 +158,7 @@ def _moe_reduction_inputs(case: Case, rank: int) -> tuple[Any, Any, Any]:
     tokens] and the FC2 output [tokens, hidden]."""
     import torch
 
-    generator = torch.Generator().manual_seed(
-        (zlib.crc32(case.name.encode()) & 0xFFFF) + 5000 + rank
-    )
+    generator = _generator(case, 5000 + rank)
     experts = torch.randn(MOE_REDUCTION_EXPERTS, case.tokens, case.hidden, generator=generator)
     scales = torch.rand(MOE_REDUCTION_EXPERTS, case.tokens, generator=generator)
     fc2 = torch.randn(case.tokens, case.hidden, generator=generator)
@@ -180,10 +184,9 @@ def _moe_routing(case: Case, world_size: int) -> list[tuple[Any, Any, Any]]:
     and a shared-expert output."""
     import torch
 
-    base = zlib.crc32(case.name.encode()) & 0xFFFF
     routing = []
     for rank in range(world_size):
-        generator = torch.Generator().manual_seed(base + 3000 + rank)
+        generator = _generator(case, 3000 + rank)
         rows = case.tokens * MOE_TOP_K
         permuted = torch.randperm(rows, generator=generator).to(torch.int32)
         permuted[torch.rand(rows, generator=generator) < 0.1] = -1  # dropped tokens
@@ -242,7 +245,6 @@ def _reference(case: Case, world_size: int, eps: float) -> dict[str, Any]:
 class Workspaces:
     """One hidden size's IPC workspaces: the allreduce fusion's and the custom allreduce's."""
 
-    fusion_handles: Any
     fusion: Any
     custom: list[list[int]]
     custom_flag: int = 0  # the custom allreduce's barrier flag, one more per call
@@ -406,16 +408,11 @@ def _late_residual(residual: Any) -> Any:
     return late
 
 
-_producer: Any = None
-
-
+@functools.cache
 def _pdl_producer() -> Any:
-    global _producer
-    if _producer is None:
-        import torch
+    import torch
 
-        _producer = torch.cuda.jiterator._create_jit_fn(PDL_PRODUCER)
-    return _producer
+    return torch.cuda.jiterator._create_jit_fn(PDL_PRODUCER)
 
 
 def _hung(rank: int, case: Case) -> None:
@@ -444,7 +441,7 @@ def _run_rank(
         custom = trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce(
             rank, world_size, CUSTOM_ALLREDUCE_TOKENS, hidden, group=group
         )
-        workspaces = Workspaces(handles, fusion, custom)
+        workspaces = Workspaces(fusion, custom)
         for case in (c for c in cases if c.hidden == hidden):
             if rank == 0:
                 print(f"[{cases.index(case) + 1}/{len(cases)}] {case.name}", flush=True)
