@@ -285,6 +285,11 @@ class Module:
     device_link: bool
 
     @property
+    def units(self) -> int:
+        """Translation units: what the module costs to compile, roughly."""
+        return len(self.cuda_sources) + len(self.cxx_sources)
+
+    @property
     def gencodes(self) -> list[str]:
         return [flag for flag in self.cuda_flags if flag.startswith("-gencode=")]
 
@@ -451,7 +456,7 @@ def build_jit_cache_wheel(
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
     if launcher is not None:
         env.update(launcher.env)
-    units = sum(len(m.cuda_sources) + len(m.cxx_sources) for m in modules)
+    units = sum(module.units for module in modules)
     with step(
         f"compiling {len(modules)} module(s), {units} translation units, for "
         f"{', '.join(a.sm for a in archs)} with CUDA {toolkit.full_version} (minutes)"

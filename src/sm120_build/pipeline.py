@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from . import audit, build, fetch, shards, toolkit, vendor, wheels
 from .cache import scratch_directory, sha256_of, store_entry, verified_entry
@@ -168,15 +167,6 @@ def _compiler_launcher(layout: Layout) -> build.Launcher | None:
     return build.Launcher(Path(found), env, own_server=True)
 
 
-@dataclass(frozen=True)
-class CompiledPart:
-    """The jit-cache wheel of one shard's modules as the compiler left it, and its record:
-    what the merge checks and the provenance needs."""
-
-    wheel: Path
-    record: dict[str, Any]
-
-
 def _jit_cache_version(
     layout: Layout, pins: Pins, request: KernelRequest, cuda: toolkit.Toolkit
 ) -> str:
@@ -195,7 +185,7 @@ def compile_jit_cache(
     cuda: toolkit.Toolkit,
     toolkit_source: str,
     shard: shards.ShardSpec,
-) -> CompiledPart:
+) -> shards.Part:
     """Compile `shard`'s share of the requested modules (all of them for 1/1), or reuse the
     cached result of the same inputs."""
     upstream = pins.upstream("flashinfer")
@@ -231,7 +221,7 @@ def compile_jit_cache(
     wheel = _cached_wheel(entry, what)
     if wheel is not None:
         say(f"{what}: reusing the cached build")
-        return CompiledPart(wheel, json.loads((entry / "record.json").read_text()))
+        return shards.Part(wheel, json.loads((entry / "record.json").read_text()))
     with scratch_directory(layout.cache, "kernel-build") as scratch:
         (scratch / "out").mkdir()
         # The same source path for every shard and for one machine's build: nvcc hashes it
@@ -239,11 +229,7 @@ def compile_jit_cache(
         digest = _digest(version, _vendor_inputs(layout, upstream))
         with build.sources_at_fixed_path(layout.vendor / "flashinfer", digest) as sources:
             modules = build.render_modules(sources, request.recipes, archs, cuda)
-            plan = (
-                shards.plan(modules, costs, shard.count)
-                if shard.count > 1
-                else [[module.name for module in modules]]
-            )
+            plan = shards.plan(modules, costs, shard.count)
             share = set(plan[shard.index - 1])
             result = build.build_jit_cache_wheel(
                 sources=sources,
@@ -277,13 +263,13 @@ def compile_jit_cache(
                 "compile_seconds.json": json.dumps(result.compile_seconds),
             },
         )
-    return CompiledPart(wheel, record)
+    return shards.Part(wheel, record)
 
 
 def finish_jit_cache(
     layout: Layout,
     pins: Pins,
-    parts: list[CompiledPart],
+    parts: list[shards.Part],
     base_jit_cache: str | None,
     final_dir: Path,
 ) -> Path:
@@ -392,7 +378,7 @@ def _toolkit(layout: Layout, pins: Pins, request: KernelRequest) -> tuple[toolki
 def _wheelhouse(
     layout: Layout,
     pins: Pins,
-    parts: list[CompiledPart],
+    parts: list[shards.Part],
     base: str | None,
     lap: Callable[[str], None],
 ) -> None:
@@ -474,16 +460,15 @@ def merge_shards(layout: Layout, pins: Pins, base_jit_cache: str | None) -> None
     """Assemble wheelhouse/ from every shard in shards/: the same bytes as one machine's
     build of the same request."""
     vendor_all(layout, pins)
-    found = shards.read_shards(layout.shards)
+    parts = shards.read_shards(layout.shards)
     upstream = pins.upstream("flashinfer")
     series = _vendor_label(layout, upstream)[6:]
-    version = found[0].record["version"]
+    version = parts[0].record["version"]
     if not version.endswith(f".{series}"):
         raise UserError(
             f"the shards in {layout.shards.relative_to(layout.root)}/ are flashinfer-jit-cache "
             f"{version}, built from another patch series than this checkout's ({series}): "
             "merge them in the checkout (same commit) that built them"
         )
-    parts = [CompiledPart(part.wheel, part.record) for part in found]
     say(f"merging {len(parts)} shard(s), {sum(len(p.record['modules']) for p in parts)} modules")
     _wheelhouse(layout, pins, parts, base_jit_cache, _Laps())

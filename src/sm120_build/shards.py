@@ -26,6 +26,7 @@ from typing import Any
 
 from .build import Module
 from .errors import UserError
+from .wheels import JIT_CACHE_PREFIX
 
 SHARD_FILE = "shard.json"
 # Seconds of one core per translation unit where the table knows nothing of a module or
@@ -64,8 +65,7 @@ class Costs:
     def of(self, module: Module) -> float:
         if module.name in self.modules:
             return self.modules[module.name]
-        units = len(module.cuda_sources) + len(module.cxx_sources)
-        return units * self.per_unit.get(module.recipe, self.default_unit)
+        return module.units * self.per_unit.get(module.recipe, self.default_unit)
 
     @property
     def default_unit(self) -> float:
@@ -132,7 +132,7 @@ def plan_table(modules: list[Module], costs: Costs, shards: list[list[str]]) -> 
     lines = [f"{'shard':>5} {'modules':>7} {'units':>6} {'est. s':>8}  largest module"]
     for index, names in enumerate(shards, start=1):
         members = [by_name[name] for name in names]
-        units = sum(len(m.cuda_sources) + len(m.cxx_sources) for m in members)
+        units = sum(m.units for m in members)
         largest = max(members, key=costs.of)
         total = sum(costs.of(m) for m in members)
         lines.append(
@@ -143,16 +143,13 @@ def plan_table(modules: list[Module], costs: Costs, shards: list[list[str]]) -> 
 
 
 @dataclass(frozen=True)
-class ShardBuild:
-    """What one shard built: its raw jit-cache wheel and the record the merge needs."""
+class Part:
+    """What one shard (or one machine's whole build) compiled: the jit-cache wheel of its
+    modules as the compiler left it, and its record: what the merge checks and the
+    provenance needs."""
 
-    directory: Path
+    wheel: Path
     record: dict[str, Any]
-
-    @property
-    def wheel(self) -> Path:
-        (wheel,) = self.directory.glob("*.whl")
-        return wheel
 
 
 def write_shard(out_dir: Path, spec: ShardSpec, wheel: Path, record: dict[str, Any]) -> Path:
@@ -169,7 +166,14 @@ def write_shard(out_dir: Path, spec: ShardSpec, wheel: Path, record: dict[str, A
     return target
 
 
-def read_shards(shards_dir: Path) -> list[ShardBuild]:
+def _wheel_in(directory: Path) -> Path:
+    wheels = sorted(directory.glob("*.whl"))
+    if len(wheels) != 1:
+        raise UserError(f"{directory} should hold one wheel, not {len(wheels)}: build it again")
+    return wheels[0]
+
+
+def read_shards(shards_dir: Path) -> list[Part]:
     """Every shard under shards_dir, checked to be one complete set of one build."""
     found = sorted(p.parent for p in shards_dir.glob(f"*-of-*/{SHARD_FILE}"))
     if not found:
@@ -177,7 +181,7 @@ def read_shards(shards_dir: Path) -> list[ShardBuild]:
             f"no shards in {shards_dir}: run `nox -s build_shard -- --shard I/N` for each I "
             "(or download the shard artifacts there) first"
         )
-    builds = [ShardBuild(d, json.loads((d / SHARD_FILE).read_text())) for d in found]
+    builds = [Part(_wheel_in(d), json.loads((d / SHARD_FILE).read_text())) for d in found]
     keys = {b.record["key"] for b in builds}
     if len(keys) != 1:
         raise UserError(
@@ -201,9 +205,6 @@ def read_shards(shards_dir: Path) -> list[ShardBuild]:
                 f"not its share of the plan {sorted(expected)}"
             )
     return builds
-
-
-JIT_CACHE_PREFIX = "flashinfer_jit_cache/jit_cache/"
 
 
 def merge_wheels(parts: list[Path], out: Path) -> Path:
