@@ -55,19 +55,23 @@ def _time_graph(torch: Any, run: Callable[[], None], replays: int) -> float:
     return float(statistics.median(samples))
 
 
-def _measure(
-    rank: int, world_size: int, workspace: Any, tokens: int, hidden: int, replays: int
-) -> dict[str, float]:
-    import torch
-    import torch.distributed as dist
+def _fused_call(
+    x: Any,
+    residual: Any,
+    gamma: Any,
+    residual_out: Any,
+    norm_out: Any,
+    rank: int,
+    world_size: int,
+    workspace: Any,
+    use_oneshot: bool | None,
+) -> Callable[[], None]:
+    """One call of the fused allreduce + residual add + RMSNorm (bf16, PDL), ready to time."""
     from flashinfer.comm import trtllm_ar
 
-    x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device="cuda")
-    residual = torch.randn_like(x)
-    gamma = torch.ones(hidden, dtype=torch.bfloat16, device="cuda")
-    residual_out, norm_out, reduced = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+    tokens, hidden = x.shape
 
-    def fused() -> None:
+    def call() -> None:
         trtllm_ar.trtllm_allreduce_fusion(
             allreduce_in=x,
             world_size=world_size,
@@ -79,7 +83,7 @@ def _measure(
             trigger_completion_at_end=True,
             fp32_acc=True,
             pattern_code=trtllm_ar.AllReduceFusionPattern.kARResidualRMSNorm,
-            use_oneshot=None,
+            use_oneshot=use_oneshot,
             allreduce_out=None,
             residual_in=residual,
             residual_out=residual_out,
@@ -91,6 +95,24 @@ def _measure(
             scale_factor=None,
             layout_code=None,
         )
+
+    return call
+
+
+def _measure(
+    rank: int, world_size: int, workspace: Any, tokens: int, hidden: int, replays: int
+) -> dict[str, float]:
+    import torch
+    import torch.distributed as dist
+
+    x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device="cuda")
+    residual = torch.randn_like(x)
+    gamma = torch.ones(hidden, dtype=torch.bfloat16, device="cuda")
+    residual_out, norm_out, reduced = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+
+    fused = _fused_call(
+        x, residual, gamma, residual_out, norm_out, rank, world_size, workspace, None
+    )
 
     def unfused() -> None:
         reduced.copy_(x)
@@ -188,30 +210,7 @@ def _launch_costs(rank: int, world_size: int, group: Any, hidden: int) -> list[d
     expert_scales = torch.rand(4, tokens, device="cuda")
     flag = [0]
 
-    def fusion_call() -> None:
-        trtllm_ar.trtllm_allreduce_fusion(
-            allreduce_in=x,
-            world_size=world_size,
-            world_rank=rank,
-            token_num=tokens,
-            hidden_dim=hidden,
-            workspace_ptrs=fusion,
-            launch_with_pdl=True,
-            trigger_completion_at_end=True,
-            fp32_acc=True,
-            pattern_code=trtllm_ar.AllReduceFusionPattern.kARResidualRMSNorm,
-            use_oneshot=True,
-            allreduce_out=None,
-            residual_in=residual,
-            residual_out=out_a,
-            norm_out=out_b,
-            quant_out=None,
-            scale_out=None,
-            rms_gamma=gamma,
-            rms_eps=1e-6,
-            scale_factor=None,
-            layout_code=None,
-        )
+    fusion_call = _fused_call(x, residual, gamma, out_a, out_b, rank, world_size, fusion, True)
 
     def moe_reduction_call() -> None:
         trtllm_ar.trtllm_moe_allreduce_fusion(
