@@ -144,6 +144,12 @@ def test_a_module_that_filters_out_a_requested_arch_is_refused() -> None:
         [demo_module(name="fp4_quantization_120", cuda_flags=[gencode("12.0a")])],
         [Arch.parse("12.0a"), Arch.parse("12.1a")],
     )
+    # A module FlashInfer builds for an arch of another major only (aot.py's FA3 sink
+    # variants are sm_90a whatever the list): no requested GPU could run it.
+    sm90_only = demo_module(name="sink_sm90", cuda_flags=[gencode("9.0a")])
+    with pytest.raises(UserError, match=r"builds sink_sm90 only for .*sm_90a, which none of"):
+        check_modules_cover_archs([sm90_only], [Arch.parse("12.0f")])
+    check_modules_cover_archs([sm90_only], [Arch.parse("9.0a")])
 
 
 def test_profiles_select_default_profile_modules_and_both() -> None:

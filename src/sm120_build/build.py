@@ -114,13 +114,21 @@ def check_archs(archs: list[Arch], toolkit: Toolkit) -> None:
 def check_modules_cover_archs(modules: list[Module], archs: list[Arch]) -> None:
     """Refuse a build in which FlashInfer filtered a requested arch out of a module: the
     module would ship without code for it. A module that names its own arch (fp4_quantization_121
-    is sm_121a whatever the list) is FlashInfer's choice, and is kept as it is."""
+    is sm_121a whatever the list) is FlashInfer's choice, and is kept as it is, unless no
+    requested major runs it (aot.py's FA3 attention-sink variants are sm_90a whatever the list:
+    dead weight in a 12.0f wheel)."""
     requested = {arch.gencode for arch in archs}
     for module in modules:
         gencodes = set(module.gencodes)
-        if not gencodes <= requested:
-            continue  # the module picks its own arch
         majors = {int(re.search(r"compute_(\d+?)(\d)[af]?,", g).group(1)) for g in gencodes}  # type: ignore[union-attr]
+        if not gencodes <= requested:
+            if not majors & {arch.major for arch in archs}:
+                raise UserError(
+                    f"FlashInfer builds {module.name} only for {', '.join(sorted(gencodes))}, "
+                    f"which none of --arch {' '.join(str(a) for a in archs)} runs. Drop the "
+                    "module, or add its arch."
+                )
+            continue  # the module picks its own arch
         dropped = [a for a in archs if a.gencode not in gencodes and a.major not in majors]
         if dropped:
             raise UserError(
