@@ -877,6 +877,18 @@ def test_plan_shards_gives_ci_its_matrix_and_the_plan_the_shards_follow(
     assert table[2].split()[:3] == ["2", "2", "4"]
 
 
+def test_the_sglang_profile_renders_only_modules_sm12x_gpus_run(
+    small: Path, tmp_path: Path
+) -> None:
+    # Rendering refuses a module no requested arch runs; aot.py's FA3 attention-sink
+    # variants (sm_90a whatever the list) would be such modules, so the profile leaves them out.
+    root = fresh_root(tmp_path)
+    result = sm120_build(
+        root, small / ".cache", "plan-shards", "--profile", "sglang-sm120", "--shards", "1"
+    )
+    assert result.stdout.splitlines()[1].split()[:3] == ["1", "244", "1459"]
+
+
 def test_merge_refuses_an_incomplete_set_and_writes_nothing(small: Path, tmp_path: Path) -> None:
     root = fresh_root(tmp_path)
     sm120_build(root, small / ".cache", "build-shard", *THREE, "--shard", "2/3")
