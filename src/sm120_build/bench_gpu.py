@@ -64,6 +64,7 @@ def _fused_call(
     rank: int,
     world_size: int,
     workspace: Any,
+    *,
     use_oneshot: bool | None,
 ) -> Callable[[], None]:
     """One call of the fused allreduce + residual add + RMSNorm (bf16, PDL), ready to time."""
@@ -111,7 +112,7 @@ def _measure(
     residual_out, norm_out, reduced = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
 
     fused = _fused_call(
-        x, residual, gamma, residual_out, norm_out, rank, world_size, workspace, None
+        x, residual, gamma, residual_out, norm_out, rank, world_size, workspace, use_oneshot=None
     )
 
     def unfused() -> None:
@@ -210,7 +211,9 @@ def _launch_costs(rank: int, world_size: int, group: Any, hidden: int) -> list[d
     expert_scales = torch.rand(4, tokens, device="cuda")
     flag = [0]
 
-    fusion_call = _fused_call(x, residual, gamma, out_a, out_b, rank, world_size, fusion, True)
+    fusion_call = _fused_call(
+        x, residual, gamma, out_a, out_b, rank, world_size, fusion, use_oneshot=True
+    )
 
     def moe_reduction_call() -> None:
         trtllm_ar.trtllm_moe_allreduce_fusion(

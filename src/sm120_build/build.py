@@ -118,11 +118,12 @@ def check_modules_cover_archs(modules: list[Module], archs: list[Arch]) -> None:
     requested major runs it (aot.py's FA3 attention-sink variants are sm_90a whatever the list:
     dead weight in a 12.0f wheel)."""
     requested = {arch.gencode for arch in archs}
+    requested_majors = {arch.major for arch in archs}
     for module in modules:
         gencodes = set(module.gencodes)
         majors = {int(re.search(r"compute_(\d+?)(\d)[af]?,", g).group(1)) for g in gencodes}  # type: ignore[union-attr]
         if not gencodes <= requested:
-            if not majors & {arch.major for arch in archs}:
+            if not majors & requested_majors:
                 raise UserError(
                     f"FlashInfer builds {module.name} only for {', '.join(sorted(gencodes))}, "
                     f"which none of --arch {' '.join(str(a) for a in archs)} runs. Drop the "
