@@ -13,11 +13,13 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import stat
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -147,22 +149,57 @@ class Launcher:
     env: dict[str, str]
     own_server: bool  # started for this build: report its counts and stop it afterwards
 
+    def _run(self, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ, **self.env)
+        return subprocess.run(
+            [str(self.program), *args], capture_output=True, text=True, env=env, timeout=timeout
+        )
+
+    def _server_answers(self) -> bool:
+        # Bounded: a client whose port some other program holds waits for it forever.
+        try:
+            return self._run("--show-stats", timeout=5).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
+
+    def start(self) -> bool:
+        """Start the server before ninja does. Left to the first compiles, each of the
+        parallel clients spawns one and they race for the port (sccache issues #340 and
+        #1153): now and then a compile fails with "Connection to server timed out". A
+        server already running (another build's on the same settings, or one a killed
+        build left) serves this build too. False, said, if none answers: the build then
+        compiles without the cache rather than fail or hang."""
+        for attempt in range(3):
+            started = self._run("--start-server")
+            if started.returncode == 0 or self._server_answers():
+                return True
+            time.sleep(1 + attempt)
+        say(
+            f"sccache's server would not start on port {self.env.get('SCCACHE_SERVER_PORT', 4226)}"
+            f" ({started.stderr.strip()}); compiling without the compiler cache"
+        )
+        return False
+
     def finish(self) -> None:
         if not self.own_server:
             return
-        env = dict(os.environ, **self.env)
-        stats = subprocess.run(
-            [str(self.program), "--show-stats", "--stats-format", "json"],
-            capture_output=True,
-            text=True,
-            env=env,
-        )
+        stats = self._run("--show-stats", "--stats-format", "json")
         with suppress(ValueError, KeyError):
             counts = json.loads(stats.stdout)["stats"]
             hits = sum(counts["cache_hits"]["counts"].values())
             misses = sum(counts["cache_misses"]["counts"].values())
             say(f"sccache: {hits} hits, {misses} misses ({self.env['SCCACHE_DIR']})")
-        subprocess.run([str(self.program), "--stop-server"], capture_output=True, env=env)
+        self._run("--stop-server")
+        # --stop-server returns before the server has let go of its port; the next build's
+        # start would find it there, then lose it.
+        port = int(self.env["SCCACHE_SERVER_PORT"])
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except OSError:
+                return
+            time.sleep(0.1)
 
 
 @dataclass(frozen=True)
@@ -454,6 +491,8 @@ def build_jit_cache_wheel(
         "CMAKE_CUDA_COMPILER": str(toolkit.nvcc),
         "CMAKE_EXPORT_COMPILE_COMMANDS": "ON",
     }
+    if launcher is not None and not launcher.start():
+        launcher = None
     if launcher is not None:
         defines["CMAKE_CUDA_COMPILER_LAUNCHER"] = str(launcher.program)
         defines["CMAKE_CXX_COMPILER_LAUNCHER"] = str(launcher.program)

