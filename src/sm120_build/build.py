@@ -149,10 +149,16 @@ class Launcher:
     env: dict[str, str]
     own_server: bool  # started for this build: report its counts and stop it afterwards
 
+    def _environment(self) -> dict[str, str]:
+        return dict(os.environ, **self.env)
+
     def _run(self, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
-        env = dict(os.environ, **self.env)
         return subprocess.run(
-            [str(self.program), *args], capture_output=True, text=True, env=env, timeout=timeout
+            [str(self.program), *args],
+            capture_output=True,
+            text=True,
+            env=self._environment(),
+            timeout=timeout,
         )
 
     def _server_answers(self) -> bool:
@@ -174,9 +180,11 @@ class Launcher:
             if started.returncode == 0 or self._server_answers():
                 return True
             time.sleep(1 + attempt)
+        # The user's own SCCACHE_SERVER_PORT when sccache is theirs; 4226 is sccache's default.
+        port = self._environment().get("SCCACHE_SERVER_PORT", "4226")
         say(
-            f"sccache's server would not start on port {self.env.get('SCCACHE_SERVER_PORT', 4226)}"
-            f" ({started.stderr.strip()}); compiling without the compiler cache"
+            f"sccache's server would not start on port {port} ({started.stderr.strip()}); "
+            "compiling without the compiler cache"
         )
         return False
 
