@@ -64,7 +64,7 @@ def test_wheelhouse_holds_exactly_three_wheels_and_their_hashes(builds) -> None:
     names = sorted(p.name for p in (root / "wheelhouse").iterdir())
     patterns = [
         r"SHA256SUMS",
-        r"flashinfer_jit_cache-0\.6\.3\+cu130\.sm120f\.p[0-9a-f]{8}-py3-none-"
+        r"flashinfer_jit_cache-0\.6\.3\+cu130\.sm120f\.p[0-9a-f]{8}\.c[0-9a-f]{8}-py3-none-"
         r"manylinux_2_\d+_x86_64\.whl",
         r"flashinfer_python-0\.6\.3\+sm120\.p[0-9a-f]{8}-py3-none-any\.whl",
         r"requirements\.txt",
@@ -375,9 +375,7 @@ def test_flashinfer_refuses_a_jit_cache_of_another_patch_series(node: Path, tmp_
     original = meta.read_text()
     version = re.search(r'"(.+)"', original).group(1)
     try:
-        meta.write_text(
-            original.replace(version, re.sub(r"\.p[0-9a-f]{8}$", ".p00000000", version))
-        )
+        meta.write_text(original.replace(version, re.sub(r"\.p[0-9a-f]{8}", ".p00000000", version)))
         status, output, _ = node_check(node, tmp_path, "--arch", "12.0")
     finally:
         meta.write_text(original)

@@ -5,7 +5,9 @@ import csv
 import hashlib
 import io
 import os
+import re
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -124,6 +126,99 @@ def test_finalize_is_deterministic_and_records_provenance(tmp_path: Path) -> Non
             assert digest == "sha256=" + expected.decode(), name
             assert int(size) == len(data), name
         assert archive.namelist()[-1].startswith("demo-1.0.dist-info/")
+
+
+LOCAL = "1.0+cu130.p1a2b3c4d"
+
+
+def modules_wheel(directory: Path, module: bytes) -> Path:
+    """A jit-cache-like wheel: one module's bytes and a _build_meta.py spelling the version."""
+    directory.mkdir()
+    info = f"demo-{LOCAL}.dist-info"
+    return make_wheel(
+        directory / f"demo-{LOCAL}-py3-none-linux_x86_64.whl",
+        {
+            "demo/__init__.py": b"from ._build_meta import __version__ as __version__\n",
+            "demo/_build_meta.py": f'__version__ = "{LOCAL}"\n'.encode(),
+            "demo/module.so": module,
+            f"{info}/METADATA": f"Metadata-Version: 2.1\nName: demo\nVersion: {LOCAL}\n".encode(),
+            f"{info}/WHEEL": b"Wheel-Version: 1.0\nTag: py3-none-linux_x86_64\n",
+            f"{info}/RECORD": b"",
+        },
+    )
+
+
+def test_labelled_versions_follow_the_contents(tmp_path: Path) -> None:
+    """Equal contents, equal wheels; other contents (or another provenance), another
+    version, spelled the same in the file name, .dist-info, METADATA and _build_meta.py."""
+    one = finalize_wheel(modules_wheel(tmp_path / "1", b"A"), tmp_path / "1", {}, None, True)
+    again = finalize_wheel(modules_wheel(tmp_path / "2", b"A"), tmp_path / "2", {}, None, True)
+    other = finalize_wheel(modules_wheel(tmp_path / "3", b"B"), tmp_path / "3", {}, None, True)
+    moved = finalize_wheel(
+        modules_wheel(tmp_path / "4", b"A"), tmp_path / "4", {"base": "x"}, None, True
+    )
+    assert one.read_bytes() == again.read_bytes()
+    assert len({one.name, other.name, moved.name}) == 3
+    version = one.name.split("-")[1]
+    assert re.fullmatch(r"1\.0\+cu130\.p1a2b3c4d\.c[0-9a-f]{8}", version)
+    with zipfile.ZipFile(one) as archive:
+        names = archive.namelist()
+        assert {n.split("/")[0] for n in names} == {"demo", f"demo-{version}.dist-info"}
+        assert (
+            f"Version: {version}\n" in archive.read(f"demo-{version}.dist-info/METADATA").decode()
+        )
+        assert archive.read("demo/_build_meta.py") == f'__version__ = "{version}"\n'.encode()
+        listed = [
+            row[0]
+            for row in csv.reader(
+                io.StringIO(archive.read(f"demo-{version}.dist-info/RECORD").decode())
+            )
+        ]
+        assert sorted(listed) == sorted(names)
+
+
+def test_pip_replaces_a_wheel_whose_contents_changed(tmp_path: Path) -> None:
+    """Unlabelled, a rebuild with another module set keeps its version, and pip keeps the
+    installed wheel ("already satisfied"); labelled, pip replaces it."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+
+    def install(wheel: Path) -> str:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                str(python),
+                "install",
+                "--no-deps",
+                "--no-index",
+                "--quiet",
+                str(wheel),
+            ],
+            check=True,
+        )
+        shown = subprocess.run(
+            [
+                python,
+                "-c",
+                "import demo, pathlib; print(demo.__version__, "
+                "(pathlib.Path(demo.__file__).parent / 'module.so').read_text())",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return shown.stdout.strip()
+
+    plain = finalize_wheel(modules_wheel(tmp_path / "1", b"A"), tmp_path / "1", {})
+    plain_b = finalize_wheel(modules_wheel(tmp_path / "2", b"B"), tmp_path / "2", {})
+    assert install(plain) == f"{LOCAL} A"
+    assert install(plain_b) == f"{LOCAL} A"  # what a same-version rebuild used to get
+    labelled_b = finalize_wheel(modules_wheel(tmp_path / "3", b"B"), tmp_path / "3", {}, None, True)
+    assert install(labelled_b) == f"{labelled_b.name.split('-')[1]} B"
 
 
 def test_assemble_replaces_wheelhouse_with_sums_and_hashes(tmp_path: Path) -> None:

@@ -304,7 +304,9 @@ def finish_jit_cache(
             }
             say(f"kept {len(taken)} module(s) of {base.name}; ours replace the rest")
         platform_tag = wheels.manylinux_tag(wheel)
-        return wheels.finalize_wheel(wheel, final_dir, provenance, platform_tag)
+        return wheels.finalize_wheel(
+            wheel, final_dir, provenance, platform_tag, label_contents=True
+        )
 
 
 def _python_wheel(

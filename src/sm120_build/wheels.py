@@ -129,12 +129,46 @@ def overlay_base(ours: Path, base: Path, out_dir: Path) -> tuple[Path, list[str]
     return merged, taken
 
 
+def _contents_digest(files: dict[str, tuple[bytes, int]], version: str) -> str:
+    """sha256 of a wheel's files, its version spelled nowhere in them (names or bytes)."""
+    digest = hashlib.sha256()
+    for name, (data, mode) in sorted(files.items()):
+        if name.endswith(".dist-info/RECORD"):
+            continue
+        digest.update(name.replace(version, "").encode() + b"\0")
+        digest.update(f"{mode:o}\0".encode() + data.replace(version.encode(), b"") + b"\0")
+    return digest.hexdigest()
+
+
+def _restamp(
+    files: dict[str, tuple[bytes, int]], distribution: str, old: str, new: str
+) -> dict[str, tuple[bytes, int]]:
+    """The files of a wheel of version `old` as version `new`: the .dist-info directory,
+    METADATA's Version and a Python file that spells the version (e.g. _build_meta.py)."""
+    old_info, new_info = f"{distribution}-{old}.dist-info/", f"{distribution}-{new}.dist-info/"
+    restamped: dict[str, tuple[bytes, int]] = {}
+    for name, (data, mode) in files.items():
+        if name == old_info + "METADATA":
+            data = re.sub(rb"^Version: .*$", f"Version: {new}".encode(), data, count=1, flags=re.M)
+        elif name.endswith(".py") and not name.startswith(old_info):
+            data = data.replace(f'"{old}"'.encode(), f'"{new}"'.encode())
+        restamped[name.replace(old_info, new_info, 1)] = (data, mode)
+    return restamped
+
+
 def finalize_wheel(
-    wheel: Path, out_dir: Path, provenance: dict[str, object], platform_tag: str | None = None
+    wheel: Path,
+    out_dir: Path,
+    provenance: dict[str, object],
+    platform_tag: str | None = None,
+    label_contents: bool = False,
 ) -> Path:
     """Rewrite `wheel` into out_dir: add the provenance file, retag the platform if asked,
     and normalise the archive (sorted entries, fixed times and modes) so equal inputs give
-    byte-identical wheels."""
+    byte-identical wheels. With `label_contents`, the version's local part ends in
+    c<8 hex>, a digest of the contents: wheels that differ (another module set, another
+    base wheel) never share a version, which pip would take as already installed and an
+    index would refuse to take twice."""
     distribution, version, *_, python_tag, abi_tag, old_platform = wheel.name[:-4].split("-")
     new_platform = platform_tag or old_platform
     with zipfile.ZipFile(wheel) as source:
@@ -159,6 +193,11 @@ def finalize_wheel(
         (json.dumps(provenance, indent=2, sort_keys=True) + "\n").encode(),
         0o644,
     )
+    if label_contents:
+        separator = "." if "+" in version else "+"
+        labelled = f"{version}{separator}c{_contents_digest(files, version)[:8]}"
+        files = _restamp(files, distribution, version, labelled)
+        version, dist_info = labelled, f"{distribution}-{labelled}.dist-info"
     record_name = f"{dist_info}/RECORD"
     files.pop(record_name, None)
     # RECORD is CSV: file names with commas or quotes are quoted (sglang ships such files).
