@@ -136,7 +136,8 @@ def _contents_digest(files: dict[str, tuple[bytes, int]], version: str) -> str:
         if name.endswith(".dist-info/RECORD"):
             continue
         digest.update(name.replace(version, "").encode() + b"\0")
-        digest.update(f"{mode:o}\0".encode() + data.replace(version.encode(), b"") + b"\0")
+        executable = b"x" if mode & 0o111 else b"-"  # all of a mode the wheel keeps
+        digest.update(executable + data.replace(version.encode(), b"") + b"\0")
     return digest.hexdigest()
 
 
