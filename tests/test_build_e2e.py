@@ -592,18 +592,27 @@ SMALL = ("--module", "norm", "--module", "fp4_quantization_120")
 @dataclass(frozen=True)
 class WarmRebuild:
     cold_wheel: bytes  # the jit-cache wheel of the cold build
-    stderr: str  # the rebuild's output
+    from_modules: str  # the output of a rebuild with the wheel cache dropped
+    from_modules_wheel: bytes  # and its jit-cache wheel
+    stderr: str  # the output of a rebuild with the module cache dropped too
 
 
 @pytest.fixture(scope="module")
 def small_with_rebuild(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, WarmRebuild]:
-    """norm + fp4_quantization_120, built with a cache of their own; then, the wheel cache
-    entry dropped, built again in a fresh build tree from the same (warm) sccache."""
+    """norm + fp4_quantization_120, built with a cache of their own; then in a fresh build
+    tree with the wheel cache entry dropped (the modules come from the module cache); then
+    with the module cache dropped too (every unit from the same, warm, sccache)."""
     root = fresh_root(tmp_path_factory.mktemp("small"))
+    artifacts = root / ".cache" / "artifacts"
     build_wheels(root, *SMALL)
     cold = wheel_of(root, "flashinfer_jit_cache").read_bytes()
-    shutil.rmtree(root / ".cache" / "artifacts" / "jit-cache")
-    return root, WarmRebuild(cold, build_wheels(root, *SMALL).stderr)
+    shutil.rmtree(artifacts / "jit-cache")
+    from_modules = build_wheels(root, *SMALL).stderr
+    from_modules_wheel = wheel_of(root, "flashinfer_jit_cache").read_bytes()
+    shutil.rmtree(artifacts / "jit-cache")
+    shutil.rmtree(artifacts / "modules")
+    stderr = build_wheels(root, *SMALL).stderr
+    return root, WarmRebuild(cold, from_modules, from_modules_wheel, stderr)
 
 
 @pytest.fixture(scope="module")
@@ -682,6 +691,18 @@ def test_a_fresh_build_tree_compiles_nothing_from_a_warm_sccache(
     assert wheel_of(root, "flashinfer_jit_cache").read_bytes() == rebuild.cold_wheel
 
 
+def test_modules_built_before_are_not_compiled_again(
+    small_with_rebuild: tuple[Path, WarmRebuild],
+) -> None:
+    """The wheel cache dropped: both modules come from the module cache, nothing reaches
+    the compiler, and the wheel is the same bytes."""
+    _, rebuild = small_with_rebuild
+    assert "2 of 2 module(s) built before from the same inputs" in rebuild.from_modules
+    assert "no module to compile" in rebuild.from_modules
+    assert "sccache:" not in rebuild.from_modules
+    assert rebuild.from_modules_wheel == rebuild.cold_wheel
+
+
 def test_overlay_keeps_base_modules_and_records_the_base(small: Path, tmp_path: Path) -> None:
     """A base wheel this pipeline built (norm + fp4_quantization_120) under a build of
     norm + rope: rope and norm are ours, fp4_quantization_120 comes from the base."""
@@ -717,6 +738,7 @@ def test_overlay_keeps_base_modules_and_records_the_base(small: Path, tmp_path: 
     }
     assert record["modules"] == {"norm": "norm", "rope": "rope"}
     assert "kept 1 module(s) of" in result.stderr
+    assert "1 of 2 module(s) built before" in result.stderr  # norm; rope is compiled
     record_rows(merged)  # RECORD still lists every file with its hash
 
 
@@ -814,10 +836,11 @@ def sm120_build(root: Path, cache: Path, *args: str) -> subprocess.CompletedProc
 
 @pytest.fixture(scope="module")
 def three_modules(small: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One machine's build of norm + cascade + fp4_quantization_120 (small's cache: only
-    cascade is compiled anew)."""
+    """One machine's build of norm + cascade + fp4_quantization_120 (small's cache: norm
+    and fp4_quantization_120 from the module cache, cascade compiled)."""
     root = fresh_root(tmp_path_factory.mktemp("three"))
-    sm120_build(root, small / ".cache", "build-wheels", *THREE)
+    result = sm120_build(root, small / ".cache", "build-wheels", *THREE)
+    assert "2 of 3 module(s) built before" in result.stderr
     return root
 
 
@@ -830,6 +853,9 @@ def test_shards_merge_to_the_single_machine_wheelhouse_byte_for_byte(
     merge_root = fresh_root(tmp_path / "merge")
     for index in range(1, count + 1):
         root = fresh_root(tmp_path / f"shard{index}")
+        # Each shard compiles its modules, as on a machine of its own: only sccache is
+        # shared (a module cache entry would make the merge compare stored copies).
+        shutil.rmtree(small / ".cache" / "artifacts" / "modules", ignore_errors=True)
         result = sm120_build(
             root, small / ".cache", "build-shard", *THREE, "--shard", f"{index}/{count}"
         )

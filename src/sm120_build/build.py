@@ -218,6 +218,20 @@ class KernelBuild:
     compile_seconds: dict[str, float]  # module -> seconds its translation units took
 
 
+def host_compilers() -> list[str]:
+    """What compiles the host code: CMake's C++ compiler (CXX, else c++) and nvcc's (gcc),
+    by the first line of their --version. A cached build is only reused by the same ones."""
+    identities = []
+    for program in (os.environ.get("CXX") or "c++", "gcc"):
+        try:
+            result = subprocess.run([program, "--version"], capture_output=True, text=True)
+        except OSError as exc:
+            raise UserError(f"{program}: {exc.strerror}; install a C++ compiler") from None
+        lines = result.stdout.splitlines()
+        identities.append(f"{program}: {lines[0] if lines else result.stderr.strip()}")
+    return identities
+
+
 def pip_wheel_command(project: Path, out_dir: Path, *options: str) -> list[str]:
     """pip wheel in the current environment: the build requirements are already pinned in it."""
     return [
@@ -499,7 +513,8 @@ def build_jit_cache_wheel(
         "CMAKE_CUDA_COMPILER": str(toolkit.nvcc),
         "CMAKE_EXPORT_COMPILE_COMMANDS": "ON",
     }
-    if launcher is not None and not launcher.start():
+    # With nothing to compile (every module cached) the project still makes the package.
+    if not modules or (launcher is not None and not launcher.start()):
         launcher = None
     if launcher is not None:
         defines["CMAKE_CUDA_COMPILER_LAUNCHER"] = str(launcher.program)
@@ -513,10 +528,13 @@ def build_jit_cache_wheel(
     if launcher is not None:
         env.update(launcher.env)
     units = sum(module.units for module in modules)
-    with step(
+    doing = (
         f"compiling {len(modules)} module(s), {units} translation units, for "
         f"{', '.join(a.sm for a in archs)} with CUDA {toolkit.full_version} (minutes)"
-    ):
+        if modules
+        else "making the jit-cache package (no module to compile)"
+    )
+    with step(doing):
         try:
             result = subprocess.run(command, env=env)
         finally:
@@ -532,8 +550,8 @@ def build_jit_cache_wheel(
     return KernelBuild(
         wheel=wheels[0],
         modules={module.name: module.recipe for module in modules},
-        compile_commands=_recorded_commands(build_dir, sources, toolkit),
-        compile_seconds=_compile_seconds(build_dir),
+        compile_commands=_recorded_commands(build_dir, sources, toolkit) if modules else [],
+        compile_seconds=_compile_seconds(build_dir) if modules else {},
     )
 
 

@@ -61,6 +61,11 @@ class Layout:
     def sdists(self) -> Path:
         return self.cache / "sdists"
 
+    @property
+    def built_modules(self) -> Path:
+        """FlashInfer modules built before, one entry each (module_cache.py)."""
+        return self.cache / "artifacts" / "modules"
+
 
 def repo_root() -> Path:
     """The checkout this package runs from: the nearest parent holding pins.toml."""

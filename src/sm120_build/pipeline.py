@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import shutil
 import sys
 import time
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import audit, build, fetch, shards, toolkit, vendor, wheels
+from . import audit, build, fetch, module_cache, shards, toolkit, vendor, wheels
 from .cache import scratch_directory, sha256_of, store_entry, verified_entry
 from .console import say
 from .errors import UserError
@@ -202,13 +203,15 @@ def compile_jit_cache(
     archs = sorted(set(request.archs))
     version = _jit_cache_version(layout, pins, request, cuda)
     costs = shards.load_costs(layout.costs_file) if shard.count > 1 else shards.Costs({}, {})
-    # Every shard of one build shares this key; the merge accepts only shards that agree.
-    build_key = _digest(
+    # What every module's build depends on besides its own sources and flags.
+    inputs = _digest(
         "jit-cache",
         version,
-        json.dumps(request.recipes, sort_keys=True),
+        _vendor_inputs(layout, upstream),
         toolkit_source,
         cuda.full_version,
+        build.host_compilers(),
+        platform.python_version(),  # its headers are on every module's include path
         pins.build_requirements,
         _files_digest(
             [
@@ -217,9 +220,13 @@ def compile_jit_cache(
                 if p.is_file() and "__pycache__" not in p.parts and p.name != "_build_meta.py"
             ]
         ),
-        _files_digest(
-            [PACKAGE_DIR / name for name in ("build.py", "jit_specs.py", "toolkit.py", "shards.py")]
-        ),
+        _files_digest([PACKAGE_DIR / name for name in ("build.py", "jit_specs.py", "toolkit.py")]),
+    )
+    # Every shard of one build shares this key; the merge accepts only shards that agree.
+    build_key = _digest(
+        inputs,
+        json.dumps(request.recipes, sort_keys=True),
+        _files_digest([PACKAGE_DIR / name for name in ("shards.py", "module_cache.py")]),
         shard.count,
         costs.modules,
         costs.per_unit,
@@ -234,16 +241,24 @@ def compile_jit_cache(
         return shards.Part(wheel, json.loads((entry / "record.json").read_text()))
     with scratch_directory(layout.cache, "kernel-build") as scratch:
         (scratch / "out").mkdir()
+        (scratch / "whole").mkdir()
         # The same source path for every shard and for one machine's build: nvcc hashes it
         # into symbol names, so it is part of the bytes (and of sccache's keys).
         digest = _digest(version, _vendor_inputs(layout, upstream))
         with build.sources_at_fixed_path(layout.vendor / "flashinfer", digest) as sources:
             modules = build.render_modules(sources, request.recipes, archs, cuda)
             plan = shards.plan(modules, costs, shard.count)
-            share = set(plan[shard.index - 1])
+            share = [module for module in modules if module.name in plan[shard.index - 1]]
+            keys = {module.name: module_cache.key(inputs, module) for module in share}
+            cached = module_cache.lookup(layout.built_modules, keys)
+            if cached:
+                say(
+                    f"{len(cached)} of {len(share)} module(s) built before from the same "
+                    f"inputs: taken from {layout.built_modules}"
+                )
             result = build.build_jit_cache_wheel(
                 sources=sources,
-                modules=[module for module in modules if module.name in share],
+                modules=[module for module in share if module.name not in cached],
                 kernel_project=layout.kernel_project,
                 archs=archs,
                 toolkit=cuda,
@@ -252,6 +267,7 @@ def compile_jit_cache(
                 out_dir=scratch / "out",
                 launcher=_compiler_launcher(layout),
             )
+        module_cache.store(layout.built_modules, result, keys)
         record = {
             "key": build_key,
             "index": shard.index,
@@ -261,15 +277,22 @@ def compile_jit_cache(
             "toolkit": {"cuda": cuda.full_version, "source": toolkit_source},
             "archs": [str(arch) for arch in archs],
             "recipes": request.recipes,
-            "modules": result.modules,
-            "compile_commands": result.compile_commands,
+            "modules": {
+                **result.modules,
+                **{name: module.recipe for name, module in cached.items()},
+            },
+            "compile_commands": result.compile_commands
+            + [command for module in cached.values() for command in module.compile_commands],
         }
         wheel = _store(
-            result.wheel,
+            module_cache.add_to_wheel(
+                result.wheel, list(cached.values()), scratch / "whole" / result.wheel.name
+            ),
             entry,
             {
                 "record.json": json.dumps(record),
-                # Not in the wheel (it would change its bytes); for `nox -s bench`.
+                # Not in the wheel (it would change its bytes); for `nox -s bench`: the
+                # modules compiled by this build only.
                 "compile_seconds.json": json.dumps(result.compile_seconds),
             },
         )
