@@ -300,3 +300,27 @@ def test_manylinux_tag_follows_the_newest_symbol_version_the_binary_needs(tmp_pa
     )
     major, minor = (int(x) for x in manylinux_tag(plain).split("_")[1:3])
     assert (major, minor) < (2, 36)
+
+
+def test_manylinux_tag_sees_binaries_the_record_does_not_list(tmp_path: Path) -> None:
+    """A composed wheel (shards merged, a base overlaid, cached modules added) keeps its
+    first part's RECORD; the tag must still follow every binary in it."""
+    plain = shared_library_wheel(tmp_path / "plain", "int one(void) { return 1; }\n")
+    modern = shared_library_wheel(
+        tmp_path / "modern",
+        "#include <stdlib.h>\nunsigned pick(void) { return arc4random(); }\n",
+    )
+    composed = tmp_path / plain.name
+    with zipfile.ZipFile(plain) as first, zipfile.ZipFile(composed, "w") as archive:
+        for info in first.infolist():
+            archive.writestr(info, first.read(info))
+        with zipfile.ZipFile(modern) as second:
+            archive.writestr("demo/modern/libfixture.so", second.read("demo/libfixture.so"))
+    assert manylinux_tag(composed) == "manylinux_2_36_x86_64"
+    only_stale = tmp_path / "only-stale" / plain.name
+    only_stale.parent.mkdir()
+    with zipfile.ZipFile(composed) as source, zipfile.ZipFile(only_stale, "w") as archive:
+        for info in source.infolist():
+            if info.filename != "demo/libfixture.so":
+                archive.writestr(info, source.read(info))
+    assert manylinux_tag(only_stale) == "manylinux_2_36_x86_64"  # listed nowhere, still seen

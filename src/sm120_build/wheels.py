@@ -77,9 +77,22 @@ def manylinux_tag(wheel: Path) -> str:
     """The platform tag auditwheel's policy gives the wheel's binaries: the newest symbol
     versions they use of glibc, libstdc++ (GLIBCXX, CXXABI) and libgcc, and the libraries
     they link, against the manylinux policies auditwheel ships."""
-    result = subprocess.run(
-        [sys.executable, "-m", "auditwheel", "show", str(wheel)], capture_output=True, text=True
-    )
+    # auditwheel looks only at the files RECORD lists, and a composed wheel (shards merged,
+    # a base wheel overlaid, cached modules added) still has its first part's RECORD: it
+    # classifies a copy whose RECORD lists every file.
+    with tempfile.TemporaryDirectory() as scratch:
+        complete = Path(scratch) / wheel.name
+        with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(complete, "w") as target:
+            files = {i.filename: source.read(i) for i in source.infolist() if not i.is_dir()}
+            (record_name,) = [n for n in files if n.endswith(".dist-info/RECORD")]
+            files[record_name] = _record(files, record_name)
+            for name, data in files.items():
+                target.writestr(name, data)
+        result = subprocess.run(
+            [sys.executable, "-m", "auditwheel", "show", str(complete)],
+            capture_output=True,
+            text=True,
+        )
     match = re.search(r'consistent with the following\s+platform tag:\s+"([^"]+)"', result.stdout)
     if result.returncode != 0 or match is None:
         output = (result.stderr or result.stdout)[-2000:]
@@ -90,6 +103,18 @@ def manylinux_tag(wheel: Path) -> str:
 def _record_hash(data: bytes) -> str:
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
     return "sha256=" + digest.decode()
+
+
+def _record(files: dict[str, bytes], record_name: str) -> bytes:
+    """The RECORD of a wheel holding `files` (RECORD itself aside)."""
+    # RECORD is CSV: file names with commas or quotes are quoted (sglang ships such files).
+    record = io.StringIO()
+    writer = csv.writer(record, lineterminator="\n")
+    for name, data in sorted(files.items()):
+        if name != record_name:
+            writer.writerow([name, _record_hash(data), len(data)])
+    writer.writerow([record_name, "", ""])
+    return record.getvalue().encode()
 
 
 JIT_CACHE_PREFIX = "flashinfer_jit_cache/jit_cache/"
@@ -201,13 +226,7 @@ def finalize_wheel(
         version, dist_info = labelled, f"{distribution}-{labelled}.dist-info"
     record_name = f"{dist_info}/RECORD"
     files.pop(record_name, None)
-    # RECORD is CSV: file names with commas or quotes are quoted (sglang ships such files).
-    record = io.StringIO()
-    writer = csv.writer(record, lineterminator="\n")
-    for name, (data, _) in sorted(files.items()):
-        writer.writerow([name, _record_hash(data), len(data)])
-    writer.writerow([record_name, "", ""])
-    files[record_name] = (record.getvalue().encode(), 0o644)
+    files[record_name] = (_record({n: d for n, (d, _) in files.items()}, record_name), 0o644)
 
     # .dist-info last, as the wheel spec recommends; everything else sorted.
     order = sorted(files, key=lambda name: (name.startswith(dist_info + "/"), name))
