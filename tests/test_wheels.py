@@ -310,17 +310,14 @@ def test_manylinux_tag_sees_binaries_the_record_does_not_list(tmp_path: Path) ->
         tmp_path / "modern",
         "#include <stdlib.h>\nunsigned pick(void) { return arc4random(); }\n",
     )
-    composed = tmp_path / plain.name
-    with zipfile.ZipFile(plain) as first, zipfile.ZipFile(composed, "w") as archive:
-        for info in first.infolist():
-            archive.writestr(info, first.read(info))
-        with zipfile.ZipFile(modern) as second:
-            archive.writestr("demo/modern/libfixture.so", second.read("demo/libfixture.so"))
+    with zipfile.ZipFile(plain) as first, zipfile.ZipFile(modern) as second:
+        files = {name: first.read(name) for name in first.namelist()}
+        added = second.read("demo/libfixture.so")
+    composed = make_wheel(tmp_path / plain.name, {**files, "demo/modern/libfixture.so": added})
     assert manylinux_tag(composed) == "manylinux_2_36_x86_64"
-    only_stale = tmp_path / "only-stale" / plain.name
-    only_stale.parent.mkdir()
-    with zipfile.ZipFile(composed) as source, zipfile.ZipFile(only_stale, "w") as archive:
-        for info in source.infolist():
-            if info.filename != "demo/libfixture.so":
-                archive.writestr(info, source.read(info))
-    assert manylinux_tag(only_stale) == "manylinux_2_36_x86_64"  # listed nowhere, still seen
+    (tmp_path / "only-stale").mkdir()
+    del files["demo/libfixture.so"]  # RECORD names it; the wheel holds only the unlisted one
+    only_stale = make_wheel(
+        tmp_path / "only-stale" / plain.name, {**files, "demo/modern/libfixture.so": added}
+    )
+    assert manylinux_tag(only_stale) == "manylinux_2_36_x86_64"
