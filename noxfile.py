@@ -210,7 +210,7 @@ def verify_gpu(session: nox.Session) -> None:
     wheels there without dependencies, then checks them with FLASHINFER_DISABLE_JIT=1.
     Options after --: --world-size N, --json FILE.
     """
-    _run_on_this_node(session, "sm120_build.verify")
+    _run_on_this_node(session, "sm120_build.node.verify")
 
 
 @nox.session(venv_backend="none")
@@ -224,7 +224,7 @@ def node_check(session: nox.Session) -> None:
     Options after --: --arch 12.0 (no GPU here: check for that arch), --profile NAME
     (default: the recipes the jit-cache wheel was built from), --json FILE.
     """
-    _run_on_this_node(session, "sm120_build.node_check")
+    _run_on_this_node(session, "sm120_build.node.check")
 
 
 @nox.session(venv_backend="none")
@@ -236,7 +236,7 @@ def bench_gpu(session: nox.Session) -> None:
     wheelhouse/'s FlashInfer wheels there.
     Options after --: --world-size N (repeatable), --replays N, --json FILE.
     """
-    _run_on_this_node(session, "sm120_build.bench_gpu")
+    _run_on_this_node(session, "sm120_build.node.bench_gpu")
 
 
 @nox.session

@@ -10,7 +10,7 @@ import importlib.metadata
 import json
 import sys
 
-from sm120_build.jit_specs import specs_of
+from sm120_build.profiles import specs_of
 
 provenance = json.loads(
     importlib.metadata.distribution("flashinfer-jit-cache").read_text("sm120-build.json")

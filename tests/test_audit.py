@@ -7,16 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from sm120_build.audit import (
+from sm120_build.audit import Finding, Waiver, classify
+from sm120_build.audit.device import (
     TRTLLM_COMM_SOURCES,
-    Finding,
-    Waiver,
-    classify,
     device_findings,
     enclosing_condition,
     enclosing_function,
-    python_findings,
 )
+from sm120_build.audit.python_ast import python_findings
 from sm120_build.layout import Layout
 
 

@@ -294,7 +294,7 @@ def node_check(venv: Path, tmp_path: Path, *args: str) -> tuple[int, str, dict]:
     """`nox -s node_check` as the node runs it: exit status, output, its JSON report."""
     out = tmp_path / "node_check.json"
     result = subprocess.run(
-        [str(venv / "bin/python"), "-m", "sm120_build.node_check", "--json", str(out), *args],
+        [str(venv / "bin/python"), "-m", "sm120_build.node.check", "--json", str(out), *args],
         env=node_env(venv, tmp_path),
         capture_output=True,
         text=True,

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from sm120_build.build import _private_directory
 from sm120_build.cache import (
     cache_lock,
     exclusive_lock,
@@ -19,6 +18,7 @@ from sm120_build.cache import (
     verified_entry,
 )
 from sm120_build.errors import UserError
+from sm120_build.jit_cache.sources import _private_directory
 
 
 def test_a_planted_symlink_is_never_used_as_a_lock(tmp_path: Path) -> None:

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sm120_build import module_cache
-from sm120_build.build import KernelBuild, Module
-from sm120_build.wheels import JIT_CACHE_PREFIX
+from sm120_build.jit_cache import module_cache
+from sm120_build.jit_cache.cmake import KernelBuild
+from sm120_build.jit_cache.render import Module
+from sm120_build.layout import JIT_CACHE_PREFIX
 
 PACKAGE = {
     "flashinfer_jit_cache/__init__.py": b"",

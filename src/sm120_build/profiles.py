@@ -6,8 +6,10 @@ A recipe names a FlashInfer generator call; a profile names recipes. `--profile`
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import UserError
 from .pins import read_toml
@@ -83,3 +85,15 @@ def _tables(data: dict[str, object], key: str, path: Path) -> dict[str, dict[str
     if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
         raise UserError(f"{path}: [{key}.<name>] entries must be tables")
     return tables
+
+
+def specs_of(call: str) -> list[Any]:
+    """The JitSpecs a recipe's "<python module>:<expression>" makes, evaluated in that module
+    of the importable FlashInfer with `torch` in scope."""
+    import torch
+    from flashinfer.jit.core import JitSpec
+
+    module_name, _, expression = call.partition(":")
+    namespace = {**vars(importlib.import_module(module_name)), "torch": torch}
+    value = eval(expression, namespace)  # recipes come from our own profiles.toml
+    return [value] if isinstance(value, JitSpec) else list(value)

@@ -98,6 +98,20 @@ def read_state(tree: Path) -> VendorState | None:
         ) from None
 
 
+def current_inputs(tree: Path) -> str:
+    """The digest of the sdist and patches a complete vendor tree was made from."""
+    state = read_state(tree)
+    if state is None or not state.complete:
+        raise UserError(f"vendor/{tree.name} is not complete; run `nox -s vendor`")
+    return state.inputs
+
+
+def series_label(tree: Path) -> str:
+    """p<8 hex>: the patch-series label of the versions built from a vendor tree ("p" keeps
+    the segment from being all digits, which PEP 440 would renormalise)."""
+    return f"p{current_inputs(tree)[:8]}"
+
+
 def write_state(tree: Path, state: VendorState) -> None:
     """Write the state file atomically: an interrupted write never leaves half a file."""
     path = tree / ".git" / STATE_FILE

@@ -20,22 +20,54 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.utils import parse_wheel_filename
 
-from .build import pip_wheel_command
 from .cache import sha256_of
 from .console import step
 from .errors import UserError
 from .gitrepo import export_tree
-from .pins import Companion
+from .layout import PROVENANCE_FILE
+from .patches import load_series
+from .pins import Companion, Upstream
 
-PROVENANCE_FILE = "sm120-build.json"
 # Zip cannot store times before 1980; this stands in when SOURCE_DATE_EPOCH is unset.
 DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z
 
 
+def upstream_record(root: Path, series_dir: Path, upstream: Upstream) -> dict[str, object]:
+    """The provenance of what a wheel is built from: the sdist and the ordered patches."""
+    return {
+        "upstream": {
+            "project": upstream.project,
+            "version": upstream.version,
+            "sdist": upstream.sdist,
+            "sha256": upstream.sha256,
+        },
+        "patches": [
+            {"file": str(patch.path.relative_to(root)), "sha256": sha256_of(patch.path)}
+            for patch in load_series(series_dir)
+        ],
+    }
+
+
 def source_date_epoch() -> int:
     return int(os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_EPOCH))
+
+
+def pip_wheel_command(project: Path, out_dir: Path, *options: str) -> list[str]:
+    """pip wheel in the current environment: the build requirements are already pinned in it."""
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-build-isolation",
+        "--no-deps",
+        *options,
+        "--wheel-dir",
+        str(out_dir),
+        str(project),
+    ]
 
 
 def build_python_wheel(
@@ -115,43 +147,6 @@ def _record(files: dict[str, bytes], record_name: str) -> bytes:
             writer.writerow([name, _record_hash(data), len(data)])
     writer.writerow([record_name, "", ""])
     return record.getvalue().encode()
-
-
-JIT_CACHE_PREFIX = "flashinfer_jit_cache/jit_cache/"
-
-
-def _modules_of(names: list[str]) -> set[str]:
-    return {
-        n[len(JIT_CACHE_PREFIX) :].split("/")[0] for n in names if n.startswith(JIT_CACHE_PREFIX)
-    }
-
-
-def overlay_base(ours: Path, base: Path, out_dir: Path) -> tuple[Path, list[str]]:
-    """Our jit-cache wheel with every module of the `base` jit-cache wheel added that we did
-    not build: ours replace same-named ones, the rest are kept. Returns the merged wheel
-    (finalize_wheel rewrites its RECORD) and the modules taken from `base`."""
-    ours_name, ours_version = parse_wheel_filename(ours.name)[:2]
-    try:
-        base_name, base_version = parse_wheel_filename(base.name)[:2]
-    except InvalidWheelFilename as exc:
-        raise UserError(f"--base-jit-cache {base.name}: not a wheel ({exc})") from None
-    if base_name != ours_name or base_version.public != ours_version.public:
-        raise UserError(
-            f"--base-jit-cache {base.name} is not a flashinfer-jit-cache {ours_version.public} "
-            "wheel: its modules would not match this FlashInfer"
-        )
-    merged = out_dir / ours.name
-    with zipfile.ZipFile(ours) as source, zipfile.ZipFile(base) as extra:
-        ours_modules = _modules_of(source.namelist())
-        taken = sorted(_modules_of(extra.namelist()) - ours_modules)
-        with zipfile.ZipFile(merged, "w") as archive:
-            for info in source.infolist():
-                archive.writestr(info, source.read(info))
-            for info in extra.infolist():
-                module = _modules_of([info.filename])
-                if module and module <= set(taken) and not info.is_dir():
-                    archive.writestr(info, extra.read(info))
-    return merged, taken
 
 
 def _contents_digest(files: dict[str, tuple[bytes, int]], version: str) -> str:

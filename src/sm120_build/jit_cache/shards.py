@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .build import Module
-from .errors import UserError
-from .wheels import JIT_CACHE_PREFIX
+from ..errors import UserError
+from ..layout import JIT_CACHE_PREFIX
+from .render import Module
 
 SHARD_FILE = "shard.json"
 # Seconds of one core per translation unit where the table knows nothing of a module or

@@ -14,6 +14,7 @@ measured.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -22,7 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .verify import _free_port, init_ranks
+from ..errors import UserError, exit_status
+from .ranks import allreduce_fusion, free_port, init_ranks
 
 SIZES = [(tokens, hidden) for hidden in (4096, 7168) for tokens in (16, 128, 1024)]
 CALLS_PER_GRAPH = 10
@@ -68,36 +70,19 @@ def _fused_call(
     use_oneshot: bool | None,
 ) -> Callable[[], None]:
     """One call of the fused allreduce + residual add + RMSNorm (bf16, PDL), ready to time."""
-    from flashinfer.comm import trtllm_ar
-
-    tokens, hidden = x.shape
-
-    def call() -> None:
-        trtllm_ar.trtllm_allreduce_fusion(
-            allreduce_in=x,
-            world_size=world_size,
-            world_rank=rank,
-            token_num=tokens,
-            hidden_dim=hidden,
-            workspace_ptrs=workspace,
-            launch_with_pdl=True,
-            trigger_completion_at_end=True,
-            fp32_acc=True,
-            pattern_code=trtllm_ar.AllReduceFusionPattern.kARResidualRMSNorm,
-            use_oneshot=use_oneshot,
-            allreduce_out=None,
-            residual_in=residual,
-            residual_out=residual_out,
-            norm_out=norm_out,
-            quant_out=None,
-            scale_out=None,
-            rms_gamma=gamma,
-            rms_eps=1e-6,
-            scale_factor=None,
-            layout_code=None,
-        )
-
-    return call
+    return functools.partial(
+        allreduce_fusion,
+        x,
+        rank=rank,
+        world_size=world_size,
+        workspace=workspace,
+        pdl=True,
+        use_oneshot=use_oneshot,
+        residual_in=residual,
+        rms_gamma=gamma,
+        residual_out=residual_out,
+        norm_out=norm_out,
+    )
 
 
 def _measure(
@@ -294,8 +279,7 @@ def launch_cost(json_path: Path | None) -> int:
 
     devices = torch.cuda.device_count()
     if devices == 0:
-        print("error: no CUDA GPU is visible", file=sys.stderr)
-        return 2
+        raise UserError("no CUDA GPU is visible: run this on a GPU node")
     world_size = 2
     print(
         f"{devices} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}; "
@@ -305,7 +289,7 @@ def launch_cost(json_path: Path | None) -> int:
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_gpu-launch-{os.getpid()}.json"
     mp.spawn(
         _launch_cost_rank,
-        args=(world_size, devices, _free_port(), str(out)),
+        args=(world_size, devices, free_port(), str(out)),
         nprocs=world_size,
         join=True,
     )
@@ -330,14 +314,23 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         help="ranks, one per GPU (default: 2, 4, 8 up to the GPU count)",
     )
-    parser.add_argument("--replays", type=int, default=200)
+    parser.add_argument(
+        "--replays", type=int, default=200, help="CUDA-graph replays per figure (default 200)"
+    )
     parser.add_argument(
         "--launch-cost",
         action="store_true",
         help="time each 0004 launcher's host cost per eager call instead (one GPU is enough)",
     )
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument(
+        "--verbose", action="store_true", help="show the traceback of an unexpected error"
+    )
     args = parser.parse_args(argv)
+    return exit_status(lambda: _bench(args), args.verbose)
+
+
+def _bench(args: argparse.Namespace) -> int:
     if args.launch_cost:
         return launch_cost(args.json)
     import torch
@@ -346,8 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     devices = torch.cuda.device_count()
     sizes = args.world_size or [n for n in (2, 4, 8) if n <= devices]
     if not sizes or max(sizes) > devices:
-        print(f"error: needs one GPU per rank; this machine has {devices}", file=sys.stderr)
-        return 2
+        raise UserError(f"needs one GPU per rank; this machine has {devices}")
     name = torch.cuda.get_device_name(0)
     print(f"{devices} x {name}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     results = {}
@@ -355,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_gpu-{os.getpid()}.json"
         mp.spawn(
             _rank,
-            args=(world_size, _free_port(), args.replays, str(out)),
+            args=(world_size, free_port(), args.replays, str(out)),
             nprocs=world_size,
             join=True,
         )

@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
-from .jit_specs import specs_of
-from .profiles import load as load_profiles
-from .wheels import PROVENANCE_FILE
+from ..errors import UserError, exit_status
+from ..layout import PROVENANCE_FILE
+from ..profiles import load as load_profiles
+from ..profiles import specs_of
 
 _SERIES = re.compile(r"^p[0-9a-f]{8}$")
 
@@ -119,12 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         help="check this profile of profiles.toml instead of what the wheel was built from",
     )
     parser.add_argument("--json", type=Path, help="also write the findings to this file")
+    parser.add_argument(
+        "--verbose", action="store_true", help="show the traceback of an unexpected error"
+    )
     args = parser.parse_args(argv)
-    try:
-        return _run(args)
-    except UserError as exc:
-        print(f"node_check: error: {exc}", file=sys.stderr)
-        return 1
+    return exit_status(lambda: _run(args), args.verbose)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -22,9 +22,10 @@ import json
 import zipfile
 from pathlib import Path
 
-from .build import KernelBuild, Module
-from .cache import scratch_directory, store_entry, verified_entry
-from .wheels import JIT_CACHE_PREFIX
+from ..cache import scratch_directory, store_entry, verified_entry
+from ..layout import JIT_CACHE_PREFIX
+from .cmake import KernelBuild
+from .render import Module
 
 ARCHIVE = "module.zip"  # the module's files, as the jit-cache wheel holds them
 RECORD = "module.json"  # its recipe and compile commands, for the provenance

@@ -20,7 +20,6 @@ import argparse
 import functools
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -28,6 +27,9 @@ import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from ..errors import UserError, exit_status
+from .ranks import allreduce_fusion, free_port, init_ranks
 
 # Tolerances: |out - ref| <= atol + rtol * |ref|, against an fp32 reference.
 # bf16 keeps 8 significant bits (2^-8 ~ 3.9e-3 relative), fp16 11 bits (2^-11 ~ 4.9e-4);
@@ -250,25 +252,6 @@ class Workspaces:
     custom_flag: int = 0  # the custom allreduce's barrier flag, one more per call
 
 
-def init_ranks(rank: int, world_size: int, devices: int, port: int) -> Any:
-    """Join the process group: NCCL with one GPU per rank, gloo where ranks share a GPU (CUDA
-    IPC works between processes on one device). Returns the group."""
-    import torch
-    import torch.distributed as dist
-
-    device = rank % devices
-    torch.cuda.set_device(device)
-    backend = "nccl" if devices >= world_size else "gloo"
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world_size,
-        device_id=torch.device("cuda", device) if backend == "nccl" else None,
-    )
-    return dist.group.WORLD
-
-
 def _run_case(
     case: Case, rank: int, world_size: int, workspaces: Workspaces, eps: float
 ) -> dict[str, Any]:
@@ -360,32 +343,19 @@ def _run_case(
         if case.pattern == "pdl_race":
             residual_in = _late_residual(residual_in)
         fused = case.pattern != "allreduce"
-        trtllm_ar.trtllm_allreduce_fusion(
-            allreduce_in=x,
+        allreduce_fusion(
+            x,
+            rank=rank,
             world_size=world_size,
-            world_rank=rank,
-            token_num=case.tokens,
-            hidden_dim=case.hidden,
-            workspace_ptrs=workspaces.fusion,
-            launch_with_pdl=case.pdl,
-            trigger_completion_at_end=True,
-            fp32_acc=True,
-            pattern_code=(
-                trtllm_ar.AllReduceFusionPattern.kARResidualRMSNorm
-                if fused
-                else trtllm_ar.AllReduceFusionPattern.kAllReduce
-            ),
+            workspace=workspaces.fusion,
+            pdl=case.pdl,
             use_oneshot=case.oneshot,
-            allreduce_out=None if fused else outputs["allreduce_out"],
             residual_in=residual_in if fused else None,
+            rms_gamma=rms_gamma if fused else None,
             residual_out=outputs["residual_out"] if fused else None,
             norm_out=outputs["norm_out"] if fused else None,
-            quant_out=None,
-            scale_out=None,
-            rms_gamma=rms_gamma if fused else None,
-            rms_eps=eps if fused else None,
-            scale_factor=None,
-            layout_code=None,
+            allreduce_out=None if fused else outputs["allreduce_out"],
+            eps=eps,
         )
     torch.cuda.synchronize()
     return outputs
@@ -481,13 +451,6 @@ def _compare(
     return results
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def check_aot_load() -> tuple[str, float]:
     """Load trtllm_comm with JIT disabled; return where it came from and how long it took."""
     from flashinfer.comm import trtllm_ar
@@ -512,22 +475,25 @@ def main(argv: list[str] | None = None) -> int:
         help="check only this pattern (repeatable; default: all)",
     )
     parser.add_argument("--json", type=Path, help="also write all results to this file")
+    parser.add_argument(
+        "--verbose", action="store_true", help="show the traceback of an unexpected error"
+    )
     args = parser.parse_args(argv)
+    return exit_status(lambda: _verify(args), args.verbose)
 
+
+def _verify(args: argparse.Namespace) -> int:
     if os.environ.get("FLASHINFER_DISABLE_JIT") != "1":
-        print(
-            "error: run with FLASHINFER_DISABLE_JIT=1 (nox -s verify_gpu sets it), so a "
-            "missing prebuilt module fails instead of compiling",
-            file=sys.stderr,
+        raise UserError(
+            "run with FLASHINFER_DISABLE_JIT=1 (nox -s verify_gpu sets it), so a missing "
+            "prebuilt module fails instead of compiling"
         )
-        return 2
     import torch
     import torch.multiprocessing as mp
 
     devices = torch.cuda.device_count()
     if devices == 0:
-        print("error: no CUDA GPU is visible", file=sys.stderr)
-        return 2
+        raise UserError("no CUDA GPU is visible: run this on a GPU node")
     world_size = args.world_size or (2 if devices == 1 else devices)
     names = {torch.cuda.get_device_name(d) for d in range(devices)}
     capability = torch.cuda.get_device_capability(0)
@@ -549,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"verify_gpu-{os.getpid()}"
     mp.spawn(
         _run_rank,
-        args=(world_size, devices, _free_port(), cases, str(scratch)),
+        args=(world_size, devices, free_port(), cases, str(scratch)),
         nprocs=world_size,
         join=True,
     )

@@ -1,8 +1,8 @@
 """Render FlashInfer JIT modules into build recipes, with FlashInfer's own code.
 
-Run as `python -m sm120_build.jit_specs` by build.render_modules, in a child process whose
-PYTHONPATH puts the patched FlashInfer sources first and whose environment sets
-FLASHINFER_CUDA_ARCH_LIST, CUDA_HOME and FLASHINFER_WORKSPACE_BASE. It reads
+Run as `python -m sm120_build.jit_cache.jit_specs` by render.render_modules, in a child
+process whose PYTHONPATH puts the patched FlashInfer sources first and whose environment
+sets FLASHINFER_CUDA_ARCH_LIST, CUDA_HOME and FLASHINFER_WORKSPACE_BASE. It reads
 {"recipes": {recipe: "module:expression"}} on stdin and prints, per JIT module, what
 FlashInfer's JIT would run: the ninja file FlashInfer writes for the module
 (flashinfer/jit/cpp_ext.py generate_ninja_build_for_op) is parsed, so the sources, flags,
@@ -14,12 +14,13 @@ build for `parse_ninja`, where neither is needed.
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import shlex
 import sys
 from typing import Any
+
+from ..profiles import specs_of
 
 _VARIABLE = re.compile(r"^(\w+) = (.*)$")
 _BUILD = re.compile(r"^build (\S+): (\w+) (.+)$")
@@ -55,18 +56,6 @@ def parse_ninja(text: str) -> dict[str, Any]:
         "link_flags": expand("ldflags"),
         "device_link": link_rule == "nvcc_link",
     }
-
-
-def specs_of(call: str) -> list[Any]:
-    """The JitSpecs a recipe's "<python module>:<expression>" makes, evaluated in that module
-    of the importable FlashInfer with `torch` in scope."""
-    import torch
-    from flashinfer.jit.core import JitSpec
-
-    module_name, _, expression = call.partition(":")
-    namespace = {**vars(importlib.import_module(module_name)), "torch": torch}
-    value = eval(expression, namespace)  # recipes come from our own profiles.toml
-    return [value] if isinstance(value, JitSpec) else list(value)
 
 
 def render(recipes: dict[str, str]) -> list[dict[str, Any]]:

@@ -1,0 +1,248 @@
+"""The compile stage: FlashInfer JIT modules built ahead of time into flashinfer-jit-cache.
+
+Read top-down: what is asked for (KernelRequest), the version the wheel gets, compiling a
+part (one machine's whole build, or one shard's share), and assembling the wheel from its
+parts. How a module is compiled, by concern:
+
+- arch.py: which targets a build may ask for, and which a module must cover;
+- sources.py: the fixed source path the patched tree is exported to;
+- render.py (+ jit_specs.py, its child process): what the patched FlashInfer's own JIT
+  would compile for each recipe;
+- cmake.py: the kernel project (kernel/), host compilers, licences;
+- sccache.py: the compiler launcher;
+- module_cache.py: built modules kept one by one under a digest of their inputs;
+- shards.py: the plan over N machines, shard records and the merge;
+- overlay.py: --base-jit-cache.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import fetch, toolkit, vendor, wheels
+from ..cache import (
+    cached_wheel,
+    digest,
+    files_digest,
+    scratch_directory,
+    sha256_of,
+    store_wheel,
+)
+from ..console import say
+from ..layout import Layout
+from ..pins import Pins
+from . import cmake, module_cache, overlay, render, shards, sources
+from .arch import DEFAULT_ARCHS, Arch, check_archs
+from .sccache import launcher_for
+from .shards import WHOLE, Part, ShardSpec, read_shards, write_shard
+
+__all__ = [
+    "DEFAULT_ARCHS",
+    "WHOLE",
+    "Arch",
+    "KernelRequest",
+    "Part",
+    "ShardSpec",
+    "assemble",
+    "check_archs",
+    "compile_part",
+    "plan",
+    "read_shards",
+    "version",
+    "write_shard",
+]
+
+_HERE = Path(__file__).parent
+# The code that shapes each module's bytes (in every module-cache key), and the code that
+# shapes how parts are split and recorded (in a part's key only).
+_MODULE_CODE = ["arch.py", "sources.py", "render.py", "jit_specs.py", "cmake.py", "sccache.py"]
+_PART_CODE = ["__init__.py", "shards.py", "module_cache.py"]
+
+
+@dataclass(frozen=True)
+class KernelRequest:
+    """What goes into the jit-cache wheel: which modules (recipe -> FlashInfer call), for
+    which archs, with which toolkit."""
+
+    recipes: dict[str, str]
+    archs: list[Arch]
+    cuda_home: Path | None = None
+    base_jit_cache: str | None = None  # a wheel path, or "NAME==VERSION --hash=sha256:HEX"
+
+
+def version(layout: Layout, pins: Pins, request: KernelRequest, cuda: toolkit.Toolkit) -> str:
+    """<upstream>+<toolkit>.<archs>.p<series>; assemble() appends c<contents>."""
+    upstream = pins.upstream("flashinfer")
+    archs = ".".join(arch.label for arch in sorted(set(request.archs)))
+    series = vendor.series_label(layout.vendor / upstream.name)
+    return f"{upstream.version}+{cuda.label}.{archs}.{series}"
+
+
+def compile_part(
+    layout: Layout,
+    pins: Pins,
+    request: KernelRequest,
+    cuda: toolkit.Toolkit,
+    toolkit_source: str,
+    shard: ShardSpec,
+) -> Part:
+    """Compile `shard`'s share of the requested modules (all of them for 1/1), or reuse the
+    cached result of the same inputs."""
+    tree = layout.vendor / "flashinfer"
+    archs = sorted(set(request.archs))
+    jit_version = version(layout, pins, request, cuda)
+    costs = shards.load_costs(layout.costs_file) if shard.count > 1 else shards.Costs({}, {})
+    # What every module's build depends on besides its own sources and flags.
+    inputs = digest(
+        "jit-cache",
+        jit_version,
+        vendor.current_inputs(tree),
+        toolkit_source,
+        cuda.full_version,
+        cmake.host_compilers(),
+        platform.python_version(),  # its headers are on every module's include path
+        pins.build_requirements,
+        files_digest(
+            [
+                p
+                for p in layout.kernel_project.rglob("*")
+                if p.is_file() and "__pycache__" not in p.parts and p.name != "_build_meta.py"
+            ]
+        ),
+        files_digest([_HERE / name for name in _MODULE_CODE] + [_HERE.parent / "toolkit.py"]),
+    )
+    # Every shard of one build shares this key; the merge accepts only shards that agree.
+    build_key = digest(
+        inputs,
+        json.dumps(request.recipes, sort_keys=True),
+        files_digest([_HERE / name for name in _PART_CODE]),
+        shard.count,
+        costs.modules,
+        costs.per_unit,
+    )
+    entry = layout.cache / "artifacts" / "jit-cache" / digest(build_key, shard.index)
+    what = f"flashinfer-jit-cache {jit_version}" + (
+        f", shard {shard.index}/{shard.count}" if shard.count > 1 else ""
+    )
+    wheel = cached_wheel(entry, what)
+    if wheel is not None:
+        say(f"{what}: reusing the cached build")
+        return Part(wheel, json.loads((entry / "record.json").read_text()))
+    with scratch_directory(layout.cache, "kernel-build") as scratch:
+        (scratch / "out").mkdir()
+        (scratch / "whole").mkdir()
+        # The same source path for every shard and for one machine's build: nvcc hashes it
+        # into symbol names, so it is part of the bytes (and of sccache's keys).
+        source_key = digest(jit_version, vendor.current_inputs(tree))
+        with sources.at_fixed_path(tree, source_key) as exported:
+            modules = render.render_modules(exported, request.recipes, archs, cuda)
+            split = shards.plan(modules, costs, shard.count)
+            share = [module for module in modules if module.name in split[shard.index - 1]]
+            keys = {module.name: module_cache.key(inputs, module) for module in share}
+            cached = module_cache.lookup(layout.built_modules, keys)
+            if cached:
+                say(
+                    f"{len(cached)} of {len(share)} module(s) built before from the same "
+                    f"inputs: taken from {layout.built_modules}"
+                )
+            result = cmake.build_jit_cache_wheel(
+                sources=exported,
+                modules=[module for module in share if module.name not in cached],
+                kernel_project=layout.kernel_project,
+                archs=archs,
+                toolkit=cuda,
+                version=jit_version,
+                scratch=scratch,
+                out_dir=scratch / "out",
+                launcher=launcher_for(layout),
+            )
+        module_cache.store(layout.built_modules, result, keys)
+        record = {
+            "key": build_key,
+            "index": shard.index,
+            "count": shard.count,
+            "plan": split,
+            "version": jit_version,
+            "toolkit": {"cuda": cuda.full_version, "source": toolkit_source},
+            "archs": [str(arch) for arch in archs],
+            "recipes": request.recipes,
+            "modules": {
+                **result.modules,
+                **{name: module.recipe for name, module in cached.items()},
+            },
+            "compile_commands": result.compile_commands
+            + [command for module in cached.values() for command in module.compile_commands],
+        }
+        wheel = store_wheel(
+            module_cache.add_to_wheel(
+                result.wheel, list(cached.values()), scratch / "whole" / result.wheel.name
+            ),
+            entry,
+            {
+                "record.json": json.dumps(record),
+                # Not in the wheel (it would change its bytes); for `nox -s bench`: the
+                # modules compiled by this build only.
+                "compile_seconds.json": json.dumps(result.compile_seconds),
+            },
+        )
+    return Part(wheel, record)
+
+
+def assemble(
+    layout: Layout,
+    pins: Pins,
+    parts: list[Part],
+    base_jit_cache: str | None,
+    final_dir: Path,
+) -> Path:
+    """The jit-cache wheel of every part's modules, with its provenance, over the base
+    wheel if one is asked for. One machine's build is a single part; a sharded build's parts
+    give the same bytes."""
+    upstream = pins.upstream("flashinfer")
+    first = parts[0].record
+    modules: dict[str, str] = {}
+    commands: list[list[str]] = []
+    for part in parts:
+        modules.update(part.record["modules"])
+        commands += part.record["compile_commands"]
+    provenance: dict[str, object] = {
+        **wheels.upstream_record(layout.root, layout.patches / upstream.name, upstream),
+        "toolkit": first["toolkit"],
+        "archs": first["archs"],
+        "recipes": first["recipes"],
+        "modules": modules,
+        "compile_commands": sorted(commands),
+    }
+    with scratch_directory(layout.cache, "jit-cache-wheel") as scratch:
+        wheel = shards.merge_wheels([part.wheel for part in parts], scratch / parts[0].wheel.name)
+        if base_jit_cache is not None:
+            base = fetch.fetch_pinned_wheel(base_jit_cache, layout.cache)
+            (scratch / "overlay").mkdir()
+            wheel, taken = overlay.overlay_base(wheel, base, scratch / "overlay")
+            provenance["base_jit_cache"] = {
+                "wheel": base.name,
+                "sha256": sha256_of(base),
+                "modules": taken,
+            }
+            say(f"kept {len(taken)} module(s) of {base.name}; ours replace the rest")
+        platform_tag = wheels.manylinux_tag(wheel)
+        return wheels.finalize_wheel(
+            wheel, final_dir, provenance, platform_tag, label_contents=True
+        )
+
+
+def plan(
+    layout: Layout, pins: Pins, request: KernelRequest, cuda: toolkit.Toolkit, count: int
+) -> list[list[str]]:
+    """Render the request's modules and split them over `count` shards (printed)."""
+    tree = layout.vendor / "flashinfer"
+    costs = shards.load_costs(layout.costs_file)
+    source_key = digest("plan", version(layout, pins, request, cuda), vendor.current_inputs(tree))
+    with sources.at_fixed_path(tree, source_key) as exported:
+        modules = render.render_modules(exported, request.recipes, sorted(set(request.archs)), cuda)
+    split = shards.plan(modules, costs, count)
+    print(shards.plan_table(modules, costs, split))
+    return split

@@ -1,0 +1,265 @@
+"""Compile rendered modules into the flashinfer-jit-cache wheel with scikit-build-core,
+CMake and ninja (kernel/CMakeLists.txt).
+
+Everything the build depends on is passed in explicitly, and the flags nvcc really ran with
+are read back from CMake's compile_commands.json so the wheel can record them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..console import step
+from ..errors import UserError
+from ..toolkit import Toolkit
+from ..wheels import pip_wheel_command
+from .arch import Arch
+from .render import Module
+from .sccache import Launcher
+
+
+@dataclass(frozen=True)
+class KernelBuild:
+    wheel: Path
+    modules: dict[str, str]  # JIT module name -> the recipe that made it
+    compile_commands: list[list[str]]  # compiler argv per translation unit, paths symbolic
+    compile_seconds: dict[str, float]  # module -> seconds its translation units took
+
+
+def host_compilers() -> list[str]:
+    """What compiles the host code: CMake's C++ compiler (CXX, else c++) and nvcc's (gcc),
+    by the first line of their --version. A cached build is only reused by the same ones."""
+    identities = []
+    for program in (os.environ.get("CXX") or "c++", "gcc"):
+        try:
+            result = subprocess.run([program, "--version"], capture_output=True, text=True)
+        except OSError as exc:
+            raise UserError(f"{program}: {exc.strerror}; install a C++ compiler") from None
+        lines = result.stdout.splitlines()
+        identities.append(f"{program}: {lines[0] if lines else result.stderr.strip()}")
+    return identities
+
+
+def tvm_ffi_include_dirs() -> list[str]:
+    try:
+        from tvm_ffi import libinfo
+    except ImportError:
+        raise UserError(
+            "apache-tvm-ffi is not installed in this environment; run the build through "
+            "`nox -s build_wheels`, which installs the pinned build requirements"
+        ) from None
+    return sorted({libinfo.find_include_path(), libinfo.find_dlpack_include_path()})
+
+
+def _symbolic(argv: list[str], replacements: dict[str, str]) -> list[str]:
+    """Replace machine-specific paths by names, longest first, so records are portable."""
+    ordered = sorted(replacements.items(), key=lambda item: -len(item[0]))
+    result = []
+    for arg in argv:
+        for path, name in ordered:
+            arg = arg.replace(path, name)
+        result.append(arg)
+    return result
+
+
+# License texts of what the .so is compiled from that ship in the sources (kernel/licenses
+# holds those that do not: CUTLASS's and spdlog's).
+LICENSE_TEXTS = {
+    "LICENSE": "FlashInfer-LICENSE.txt",
+    "3rdparty/spdlog/include/spdlog/fmt/bundled/fmt.license.rst": "fmt-LICENSE.rst",
+}
+
+
+def add_license_texts(sources: Path, licenses: Path) -> None:
+    """Copy the license texts of FlashInfer, fmt and tvm-ffi into the wheel's licenses/."""
+    for source, name in LICENSE_TEXTS.items():
+        if not (sources / source).is_file():
+            raise UserError(f"the flashinfer sources lack {source}, whose text the wheel ships")
+        shutil.copyfile(sources / source, licenses / name)
+    tvm_ffi = importlib.metadata.distribution("apache-tvm-ffi")
+    for file in tvm_ffi.files or []:
+        if file.parent.name == "licenses" and file.name in ("LICENSE", "NOTICE"):
+            shutil.copyfile(Path(str(file.locate())), licenses / f"tvm-ffi-{file.name}.txt")
+
+
+# What FlashInfer's JIT links every module with, which CMake does its own way: a shared
+# library, cudart static (see CMakeLists.txt), and no libcuda (no module calls the driver
+# API directly; verify.py checks the .so files' undefined symbols).
+_JIT_LINK_DEFAULTS = ("-shared", "-lcudart", "-lcuda")
+
+
+def _cmake_quote(word: str) -> str:
+    for special in ("\\", '"', "$", ";"):
+        word = word.replace(special, "\\" + special)
+    return f'"{word}"'
+
+
+def _split_includes(flags: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(-I dirs, -isystem dirs, other flags), each in order."""
+    includes: list[str] = []
+    system: list[str] = []
+    rest: list[str] = []
+    words = iter(flags)
+    for word in words:
+        if word == "-isystem":
+            system.append(next(words))
+        elif word.startswith("-I"):
+            includes.append(word[2:] or next(words))
+        else:
+            rest.append(word)
+    return includes, system, rest
+
+
+def modules_cmake(modules: list[Module], toolkit: Toolkit) -> str:
+    """The flashinfer_module() calls of kernel/CMakeLists.txt for `modules`."""
+    stubs = str(toolkit.home / "lib64" / "stubs")
+    lines = ["# Rendered by sm120_build from the patched FlashInfer's JIT specs.", ""]
+    for module in modules:
+        includes, system, cuda_flags = _split_includes(module.cuda_flags)
+        cxx_includes, cxx_system, cxx_flags = _split_includes(module.cxx_flags)
+        if (cxx_includes, cxx_system) != (includes, system):
+            raise UserError(f"{module.name}: FlashInfer gives C++ and CUDA different includes")
+        link_dirs, libraries, link_flags = [], [], []
+        for flag in module.link_flags:
+            if flag in _JIT_LINK_DEFAULTS:
+                continue
+            if flag.startswith("-L"):
+                if flag[2:] != stubs:
+                    link_dirs.append(flag[2:])
+            elif flag.startswith("-l"):
+                libraries.append(flag[2:])
+            else:
+                link_flags.append(flag)
+        lines.append("flashinfer_module(")
+        lines.append(f"  NAME {module.name}")
+        for keyword, values in (
+            ("CUDA_SOURCES", module.cuda_sources),
+            ("CXX_SOURCES", module.cxx_sources),
+            ("INCLUDES", includes),
+            ("SYSTEM_INCLUDES", system),
+            ("CUDA_FLAGS", cuda_flags),
+            ("CXX_FLAGS", cxx_flags),
+            ("LINK_DIRS", link_dirs),
+            ("LIBRARIES", libraries),
+            ("LINK_FLAGS", link_flags),
+        ):
+            if values:
+                lines.append(f"  {keyword}")
+                lines.extend(f"    {_cmake_quote(value)}" for value in values)
+        lines.append(")")
+    return "\n".join(lines) + "\n"
+
+
+def build_jit_cache_wheel(
+    *,
+    sources: Path,
+    modules: list[Module],
+    kernel_project: Path,
+    archs: list[Arch],
+    toolkit: Toolkit,
+    version: str,
+    scratch: Path,
+    out_dir: Path,
+    launcher: Launcher | None,
+) -> KernelBuild:
+    """Build flashinfer-jit-cache `version`, holding `modules` (rendered from `sources`, the
+    tree sources_at_fixed_path exported), into out_dir, in a build tree under `scratch`."""
+    build_dir = scratch / "build"
+    project = scratch / "flashinfer-jit-cache"
+    ignore = shutil.ignore_patterns("__pycache__", "_build_meta.py")
+    shutil.copytree(kernel_project, project, ignore=ignore)
+    (project / "flashinfer_jit_cache" / "_build_meta.py").write_text(f'__version__ = "{version}"\n')
+    (project / "modules.cmake").write_text(modules_cmake(modules, toolkit))
+    add_license_texts(sources, project / "licenses")
+    workspace = sources.parent / "workspace"
+    prefix_maps = [
+        f"{sources}=flashinfer",
+        f"{workspace}=flashinfer-generated",
+        *(f"{d}=tvm_ffi" for d in tvm_ffi_include_dirs()),
+    ]
+    defines = {
+        "MODULES_FILE": str(project / "modules.cmake"),
+        "PREFIX_MAPS": ";".join(prefix_maps),
+        "CMAKE_CUDA_COMPILER": str(toolkit.nvcc),
+        "CMAKE_EXPORT_COMPILE_COMMANDS": "ON",
+    }
+    # With nothing to compile (every module cached) the project still makes the package.
+    if not modules or (launcher is not None and not launcher.start()):
+        launcher = None
+    if launcher is not None:
+        defines["CMAKE_CUDA_COMPILER_LAUNCHER"] = str(launcher.program)
+        defines["CMAKE_CXX_COMPILER_LAUNCHER"] = str(launcher.program)
+    command = pip_wheel_command(project, out_dir, "--verbose")
+    command += ["--config-settings", f"build-dir={build_dir}"]
+    for name, value in defines.items():
+        command += ["--config-settings", f"cmake.define.{name}={value}"]
+    env = dict(os.environ, CUDA_HOME=str(toolkit.home), CUDACXX=str(toolkit.nvcc))
+    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
+    if launcher is not None:
+        env.update(launcher.env)
+    units = sum(module.units for module in modules)
+    doing = (
+        f"compiling {len(modules)} module(s), {units} translation units, for "
+        f"{', '.join(a.sm for a in archs)} with CUDA {toolkit.full_version} (minutes)"
+        if modules
+        else "making the jit-cache package (no module to compile)"
+    )
+    with step(doing):
+        try:
+            result = subprocess.run(command, env=env)
+        finally:
+            if launcher is not None:
+                launcher.finish()
+    if result.returncode != 0:
+        raise UserError(
+            "the jit-cache build failed (its output is above). Nothing was added to wheelhouse/."
+        )
+    wheels = sorted(out_dir.glob("flashinfer_jit_cache-*.whl"))
+    if len(wheels) != 1:
+        raise UserError(f"expected one flashinfer_jit_cache wheel in {out_dir}, found {wheels}")
+    return KernelBuild(
+        wheel=wheels[0],
+        modules={module.name: module.recipe for module in modules},
+        compile_commands=_recorded_commands(build_dir, sources, toolkit) if modules else [],
+        compile_seconds=_compile_seconds(build_dir) if modules else {},
+    )
+
+
+def _compile_seconds(build_dir: Path) -> dict[str, float]:
+    """Seconds of compiler time per module (summed over its translation units), from ninja's
+    own log: `start_ms end_ms mtime output hash` per step."""
+    seconds: dict[str, float] = {}
+    for line in (build_dir / ".ninja_log").read_text().splitlines():
+        fields = line.split("\t")
+        match = re.match(r"CMakeFiles/([^/]+)\.dir/.*\.o$", fields[3]) if len(fields) == 5 else None
+        if match:
+            elapsed = (int(fields[1]) - int(fields[0])) / 1000
+            seconds[match.group(1)] = seconds.get(match.group(1), 0.0) + elapsed
+    return seconds
+
+
+def _recorded_commands(build_dir: Path, sources: Path, toolkit: Toolkit) -> list[list[str]]:
+    """The compiler's command line per translation unit, from compile_commands.json, paths
+    symbolic."""
+    entries = json.loads((build_dir / "compile_commands.json").read_text())
+    replacements = {
+        str(sources): "$FLASHINFER",
+        str(sources.parent / "workspace"): "$FLASHINFER_GENERATED",
+        str(toolkit.home): "$CUDA_HOME",
+        sysconfig.get_path("include"): "$PYTHON_INCLUDE",
+        str(build_dir): "$BUILD",
+        **{path: "$TVM_FFI" for path in tvm_ffi_include_dirs()},
+    }
+    return [
+        _symbolic(shlex.split(entry["command"]), replacements)
+        for entry in sorted(entries, key=lambda entry: (entry["file"], entry["output"]))
+    ]

@@ -1,0 +1,90 @@
+"""Render module recipes into what FlashInfer's own JIT would compile, with the patched
+FlashInfer itself: jit_specs.py runs in a child process with the exported sources first on
+PYTHONPATH."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..console import step
+from ..errors import UserError
+from ..toolkit import Toolkit
+from .arch import Arch, check_modules_cover_archs
+
+
+@dataclass(frozen=True)
+class Module:
+    """One FlashInfer JIT module as FlashInfer's own JIT would build it (jit_specs.py)."""
+
+    name: str
+    recipe: str
+    cuda_sources: list[str]
+    cxx_sources: list[str]
+    cuda_flags: list[str]
+    cxx_flags: list[str]
+    link_flags: list[str]
+    device_link: bool
+
+    @property
+    def units(self) -> int:
+        """Translation units: what the module costs to compile, roughly."""
+        return len(self.cuda_sources) + len(self.cxx_sources)
+
+    @property
+    def gencodes(self) -> list[str]:
+        return [flag for flag in self.cuda_flags if flag.startswith("-gencode=")]
+
+
+def render_modules(
+    sources: Path, recipes: dict[str, str], archs: list[Arch], toolkit: Toolkit
+) -> list[Module]:
+    """Ask the patched FlashInfer in `sources` what each recipe's modules consist of."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        # FlashInfer adds these to every module; a build must not depend on the shell's.
+        if not name.startswith(("FLASHINFER_", "CUDA_"))
+        and name not in ("CC", "CXX", "PYTHONPATH", "MAX_JOBS")
+    }
+    env.update(
+        # The patched FlashInfer first; this package too, wherever it is imported from.
+        PYTHONPATH=os.pathsep.join([str(sources), str(Path(__file__).parents[2])]),
+        FLASHINFER_CUDA_ARCH_LIST=" ".join(str(arch) for arch in archs),
+        FLASHINFER_WORKSPACE_BASE=str(sources.parent / "workspace"),
+        CUDA_HOME=str(toolkit.home),
+        PYTHONHASHSEED="0",  # FlashInfer keeps its arch list in a set: fix the order
+    )
+    with step(f"rendering {len(recipes)} module recipe(s) with the patched FlashInfer"):
+        result = subprocess.run(
+            [sys.executable, "-m", "sm120_build.jit_cache.jit_specs"],
+            input=json.dumps({"recipes": recipes}),
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=sources.parent,
+        )
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines()
+        last = lines[-1] if lines else "no output"
+        hint = (
+            "; run through `nox -s build_wheels`, which installs pins.toml's [render] requirements"
+            if last.startswith("ModuleNotFoundError")
+            else ""
+        )
+        raise UserError(
+            f"FlashInfer could not render the modules for --arch "
+            f"{' '.join(str(a) for a in archs)}: {last}{hint}"
+        )
+    modules = [Module(**module) for module in json.loads(result.stdout)]
+    for module in modules:
+        if module.device_link:
+            raise UserError(
+                f"{module.name} needs nvcc device linking, which this build does not do yet"
+            )
+    check_modules_cover_archs(modules, archs)
+    return modules

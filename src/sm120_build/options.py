@@ -1,0 +1,53 @@
+"""The options every command that compiles modules takes: which modules, archs, toolkit and
+base wheel (cli.py's build-wheels, plan-shards and build-shard, and bench)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from . import profiles
+from .jit_cache import DEFAULT_ARCHS, Arch, KernelRequest
+from .layout import Layout
+
+
+def kernel_request(layout: Layout, args: argparse.Namespace) -> KernelRequest:
+    """--profile, --module, --arch and --cuda-home, checked before anything runs."""
+    recipes = profiles.load(layout.profiles_file).select(args.profile, args.module or [])
+    archs = [Arch.parse(text) for text in args.arch or DEFAULT_ARCHS]
+    return KernelRequest(recipes, archs, args.cuda_home, args.base_jit_cache)
+
+
+def add_kernel_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--profile",
+        metavar="NAME",
+        help="the module set of profiles.toml to build: comm (default) or sglang-sm120",
+    )
+    parser.add_argument(
+        "--module",
+        action="append",
+        metavar="NAME",
+        help="a module recipe of profiles.toml to build, e.g. norm; repeatable; alone it "
+        "replaces the default profile, with --profile it adds to it",
+    )
+    parser.add_argument(
+        "--arch",
+        action="append",
+        metavar="ARCH",
+        help="target as FLASHINFER_CUDA_ARCH_LIST spells it, e.g. 12.0f or 9.0a; repeat "
+        f"for a fat binary (default: {' '.join(DEFAULT_ARCHS)})",
+    )
+    parser.add_argument(
+        "--cuda-home",
+        type=Path,
+        metavar="PATH",
+        help="use this system CUDA toolkit instead of the pinned pip toolkit",
+    )
+    parser.add_argument(
+        "--base-jit-cache",
+        metavar="WHEEL",
+        help="start the jit-cache wheel from this jit-cache wheel (a .whl path, or "
+        "'flashinfer-jit-cache==VERSION --hash=sha256:HEX' fetched through pip): its "
+        "modules are kept, except those built here",
+    )
