@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import os
@@ -9,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +32,32 @@ def make_tarball(path: Path, members: dict[str, str], top: str = "demo-1.0") -> 
             info = tarfile.TarInfo(f"{top}/{name}" if top else name)
             info.size = len(data)
             archive.addfile(info, io.BytesIO(data))
+    return path
+
+
+def record_of(files: dict[str, bytes]) -> tuple[str, bytes]:
+    """(RECORD's name, its bytes) for a wheel holding `files`: each file with its urlsafe
+    base64 sha256 and size, as the wheel spec has it (written here, not by the code under
+    test)."""
+    (dist_info,) = {name.split("/")[0] for name in files if ".dist-info/" in name}
+    record_name = f"{dist_info}/RECORD"
+    rows = []
+    for name, data in sorted(files.items()):
+        if name != record_name:
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            rows.append(f"{name},sha256={digest.decode()},{len(data)}\n")
+    rows.append(f"{record_name},,\n")
+    return record_name, "".join(rows).encode()
+
+
+def zip_wheel(path: Path, files: dict[str, bytes]) -> Path:
+    """A wheel holding `files` (a .so executable) and a RECORD that lists them."""
+    record_name, record = record_of(files)
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in {**files, record_name: record}.items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (0o100755 if name.endswith(".so") else 0o100644) << 16
+            archive.writestr(info, data)
     return path
 
 

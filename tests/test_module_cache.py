@@ -13,6 +13,8 @@ from sm120_build.jit_cache.cmake import KernelBuild
 from sm120_build.jit_cache.render import Module
 from sm120_build.layout import JIT_CACHE_PREFIX
 
+from .conftest import zip_wheel
+
 PACKAGE = {
     "flashinfer_jit_cache/__init__.py": b"",
     "flashinfer_jit_cache-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\n",
@@ -38,15 +40,6 @@ def command(name: str) -> list[str]:
     return ["nvcc", f"-D{name}_EXPORTS", "-c", f"{name}.cu", "-o", f"CMakeFiles/{name}.dir/x.o"]
 
 
-def write_wheel(path: Path, files: dict[str, bytes]) -> Path:
-    with zipfile.ZipFile(path, "w") as archive:
-        for name, data in files.items():
-            info = zipfile.ZipInfo(name)
-            info.external_attr = (0o100755 if name.endswith(".so") else 0o100644) << 16
-            archive.writestr(info, data)
-    return path
-
-
 def contents(wheel: Path) -> dict[str, tuple[bytes, int]]:
     with zipfile.ZipFile(wheel) as archive:
         return {i.filename: (archive.read(i), i.external_attr >> 16) for i in archive.infolist()}
@@ -62,7 +55,7 @@ MODULE_FILES = {
 @pytest.fixture
 def stored(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
     """A build of norm and norm_extra, cut into the module cache."""
-    built = write_wheel(tmp_path / "built.whl", {**PACKAGE, **MODULE_FILES})
+    built = zip_wheel(tmp_path / "built.whl", {**PACKAGE, **MODULE_FILES})
     keys = {name: module_cache.key("inputs", module(name)) for name in ("norm", "norm_extra")}
     build = KernelBuild(
         wheel=built,
@@ -107,7 +100,7 @@ def test_a_package_wheel_plus_cached_modules_holds_what_the_build_did(
     stored, tmp_path: Path
 ) -> None:
     directory, built, keys = stored
-    package_only = write_wheel(tmp_path / "package.whl", PACKAGE)
+    package_only = zip_wheel(tmp_path / "package.whl", PACKAGE)
     found = module_cache.lookup(directory, keys)
     whole = module_cache.add_to_wheel(package_only, list(found.values()), tmp_path / "whole.whl")
     assert contents(whole) == contents(built)  # names, bytes and the executable mode

@@ -19,7 +19,7 @@ from sm120_build.node.check import patch_series, runs_on
 from sm120_build.profiles import load
 from sm120_build.toolkit import Toolkit
 
-from .conftest import REPO
+from .conftest import REPO, zip_wheel
 
 # The shape of the ninja file FlashInfer 0.6.3's generate_ninja_build_for_op writes.
 NINJA = """ninja_required_version = 1.3
@@ -204,13 +204,14 @@ def test_patch_series_label() -> None:
 
 
 def jit_cache_wheel(path: Path, version: str, modules: dict[str, bytes]) -> Path:
-    wheel = path / f"flashinfer_jit_cache-{version}-py3-none-linux_x86_64.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
-        archive.writestr("flashinfer_jit_cache/__init__.py", version)
-        for name, data in modules.items():
-            archive.writestr(f"flashinfer_jit_cache/jit_cache/{name}/{name}.so", data)
-        archive.writestr(f"flashinfer_jit_cache-{version}.dist-info/WHEEL", "Wheel-Version: 1.0")
-    return wheel
+    return zip_wheel(
+        path / f"flashinfer_jit_cache-{version}-py3-none-linux_x86_64.whl",
+        {
+            "flashinfer_jit_cache/__init__.py": version.encode(),
+            **{f"flashinfer_jit_cache/jit_cache/{n}/{n}.so": data for n, data in modules.items()},
+            f"flashinfer_jit_cache-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0",
+        },
+    )
 
 
 def test_overlay_keeps_the_base_modules_we_did_not_build(tmp_path: Path) -> None:

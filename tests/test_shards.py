@@ -22,6 +22,8 @@ from sm120_build.jit_cache.shards import (
     write_shard,
 )
 
+from .conftest import zip_wheel
+
 
 def module(name: str, units: int, recipe: str | None = None) -> Module:
     return Module(
@@ -85,12 +87,14 @@ def test_a_damaged_cost_table_is_refused(tmp_path: Path) -> None:
 
 
 def fake_wheel(path: Path, modules: list[str], package: str = "print('pkg')\n") -> Path:
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("flashinfer_jit_cache/__init__.py", package)
-        for name in modules:
-            archive.writestr(f"flashinfer_jit_cache/jit_cache/{name}/{name}.so", name.encode())
-        archive.writestr("flashinfer_jit_cache-1.dist-info/RECORD", ",".join(modules))
-    return path
+    return zip_wheel(
+        path,
+        {
+            "flashinfer_jit_cache/__init__.py": package.encode(),
+            **{f"flashinfer_jit_cache/jit_cache/{n}/{n}.so": n.encode() for n in modules},
+            "flashinfer_jit_cache-1.dist-info/WHEEL": b"Wheel-Version: 1.0\n",
+        },
+    )
 
 
 def write_set(root: Path, plan_: list[list[str]], key: str = "k") -> Path:

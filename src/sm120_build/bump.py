@@ -18,13 +18,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
+from packaging.version import Version
 
+from . import index
 from .audit import Report
 from .cache import sha256_of
 from .console import say
 from .errors import UserError
-from .fetch import pip_download
+from .fetch import FETCH_TIMEOUT, pip_download
 from .gitrepo import git
 from .patches import Hunk, Patch, hunks_of, load_series
 from .pins import Pins, Upstream
@@ -209,18 +211,33 @@ def parse_candidate(text: str, pins: Pins) -> tuple[Upstream, str]:
 
 
 def fetch_candidate(upstream: Upstream, version: str, scratch: Path) -> Path:
-    """The candidate sdist, downloaded through pip's own configuration."""
-    say(f"fetching {upstream.project}=={version} (sdist) through pip")
-    result = pip_download(
-        scratch, "--no-binary", upstream.project, f"{upstream.project}=={version}"
-    )
-    found = sorted(scratch.glob("*.tar.gz"))
-    if result.returncode != 0 or len(found) != 1:
+    """The candidate sdist, from where pip is configured to look; downloaded by name and
+    never run (index.py says why not through `pip download`)."""
+    sources = index.pip_sources()
+    wanted = (canonicalize_name(upstream.project), Version(version))
+    links = []
+    for link in index.project_links(sources, upstream.project, FETCH_TIMEOUT):
+        try:
+            name, found = parse_sdist_filename(link.name)
+        except InvalidSdistFilename:
+            continue
+        if (name, found) == wanted:
+            links.append(link)
+    if not links:
         raise UserError(
-            f"pip could not download the sdist of {upstream.project}=={version}:\n"
-            f"{result.stderr.strip()[-2000:]}"
+            f"no sdist of {upstream.project}=={version} in {sources.describe()} (pip's "
+            "configuration: `pip config list`); check the version, and that the index has "
+            "its sdist"
         )
-    return found[0]
+    link = sorted(links, key=lambda link: not link.name.endswith(".tar.gz"))[0]
+    say(f"fetching {link.name} from {sources.describe()}")
+    got = index.download(link, scratch / link.name, sources, FETCH_TIMEOUT)
+    if link.sha256 is not None and got != link.sha256:
+        raise UserError(
+            f"{link.name}: the index states sha256 {link.sha256}, the download has {got}; "
+            "nothing of it was unpacked or run"
+        )
+    return scratch / link.name
 
 
 def _git_commit(tree: Path) -> str:

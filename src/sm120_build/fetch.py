@@ -2,7 +2,9 @@
 
 pip already knows the user's index or mirror (pip.conf, PIP_* variables), so we never name
 an index here. A cached file is used only after its sha256 matches the pin; a download
-that does not match is discarded before anything else sees it.
+that does not match is discarded before anything else sees it. Wheels are fetched by pip
+itself (`--only-binary`, `--require-hashes`: nothing of a wheel runs at download); sdists
+through index.py, since pip would run an sdist's build backend to read its metadata.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import index
 from .cache import scratch_directory, sha256_of
 from .console import say
 from .errors import UserError
 from .pins import Upstream
+
+FETCH_TIMEOUT = 120.0  # seconds for one request to an index
 
 
 def pip_download(dest: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
@@ -90,7 +95,11 @@ def cached_sdist_path(upstream: Upstream, sdists: Path) -> Path:
 
 
 def fetch_sdist(upstream: Upstream, sdists: Path) -> Path:
-    """Return the verified sdist for `upstream`, downloading it only when the cache lacks it."""
+    """Return the verified sdist for `upstream`, downloading it only when the cache lacks it.
+
+    Located in the places pip is configured to look and downloaded by name (index.py), never
+    through `pip download`, which would run the sdist's build backend to read its metadata;
+    nothing of a file whose sha256 differs from the pin is kept."""
     target = cached_sdist_path(upstream, sdists)
     if target.is_file():
         if sha256_of(target) == upstream.sha256:
@@ -98,54 +107,36 @@ def fetch_sdist(upstream: Upstream, sdists: Path) -> Path:
         say(f"cached {target} does not match its pin; fetching it again")
         target.unlink()
 
+    sources = index.pip_sources()
+    say(f"fetching {upstream.sdist} ({upstream.project}=={upstream.version}) through pip's sources")
+    links = [
+        link
+        for link in index.project_links(sources, upstream.project, FETCH_TIMEOUT)
+        if link.name == upstream.sdist
+    ]
+    if not links:
+        raise UserError(
+            f"no {upstream.sdist} for {upstream.project}=={upstream.version} in "
+            f"{sources.describe()} (pip's configuration: `pip config list`). Check that pip "
+            "reaches your package index, and the sdist file name in pins.toml."
+        )
     sdists.mkdir(parents=True, exist_ok=True)
+    mismatches: list[str] = []
     with scratch_directory(sdists, "download") as scratch:
-        say(f"fetching {upstream.project}=={upstream.version} (sdist) through pip")
-        # pip checks the hash right after downloading, before it unpacks the sdist or runs
-        # its build backend, so an sdist that does not match the pin never runs.
-        requirements = scratch / "requirements.txt"
-        requirements.write_text(
-            f"{upstream.project}=={upstream.version} --hash=sha256:{upstream.sha256}\n"
-        )
-        result = pip_download(
-            scratch / "out",
-            "--no-binary",
-            upstream.project,
-            "--require-hashes",
-            "--requirement",
-            str(requirements),
-        )
-        if result.returncode != 0:
-            if "THESE PACKAGES DO NOT MATCH THE HASHES" in result.stderr:
-                raise UserError(
-                    f"sha256 mismatch for {upstream.sdist} ({upstream.project}=="
-                    f"{upstream.version}): the index serves a file whose hash is not the "
-                    f"pinned {upstream.sha256}.\n"
-                    f"{_hash_lines(result.stderr)}\n"
-                    "pip refused it before unpacking or running anything. Fix the index, or "
-                    "the pin in pins.toml."
-                )
-            raise UserError(
-                f"pip could not download {upstream.project}=={upstream.version}:\n"
-                f"{result.stderr.strip()}\n"
-                "Check that pip reaches your package index (pip config list)."
-            )
-        downloaded = scratch / "out" / upstream.sdist
-        if not downloaded.is_file():
-            got = ", ".join(sorted(os.listdir(scratch / "out"))) or "nothing"
-            raise UserError(
-                f"pip downloaded {got}, not the pinned {upstream.sdist}; "
-                "check the sdist file name in pins.toml"
-            )
-        if sha256_of(downloaded) != upstream.sha256:  # pip checked it; so do we
-            raise UserError(f"{downloaded.name} does not match its pin after download")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(downloaded, target)
-    return target
-
-
-def _hash_lines(stderr: str) -> str:
-    """pip's 'Expected sha256 ... Got ...' lines, which name both hashes."""
-    return "\n".join(
-        line.rstrip() for line in stderr.splitlines() if re.match(r"\s+(Expected|Got) ", line)
+        for link in links:
+            if link.sha256 is not None and link.sha256 != upstream.sha256:
+                mismatches.append(link.sha256)  # the index says so: not even downloaded
+                continue
+            got = index.download(link, scratch / upstream.sdist, sources, FETCH_TIMEOUT)
+            if got == upstream.sha256:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(scratch / upstream.sdist, target)
+                return target
+            mismatches.append(got)
+    raise UserError(
+        f"sha256 mismatch for {upstream.sdist} ({upstream.project}=={upstream.version}): the "
+        f"index serves a file whose hash is not the pinned one.\n"
+        f"  Expected sha256 {upstream.sha256}\n"
+        + "".join(f"  Got      sha256 {digest}\n" for digest in dict.fromkeys(mismatches))
+        + "Nothing of it was kept, unpacked or run. Fix the index, or the pin in pins.toml."
     )

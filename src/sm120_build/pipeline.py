@@ -181,6 +181,8 @@ def build_wheels(layout: Layout, pins: Pins, request: KernelRequest) -> dict[str
     """Run the main job on this machine; return the seconds each stage took."""
     lap = _Laps()
     vendor_all(layout, pins)
+    if request.base_jit_cache is not None:
+        jit_cache.base_wheel(layout, pins, request.base_jit_cache)
     lap("fetch + vendor")
     cuda, source = _toolkit(layout, pins, request)
     lap("toolkit")
@@ -217,6 +219,8 @@ def merge_shards(layout: Layout, pins: Pins, base_jit_cache: str | None) -> None
     """Assemble wheelhouse/ from every shard in shards/: the same bytes as one machine's
     build of the same request."""
     vendor_all(layout, pins)
+    if base_jit_cache is not None:
+        jit_cache.base_wheel(layout, pins, base_jit_cache)
     parts = jit_cache.read_shards(layout.shards)
     upstream = pins.upstream("flashinfer")
     series = vendor.series_label(layout.vendor / upstream.name)

@@ -9,7 +9,6 @@ Credentials reach twine the way twine takes them (TWINE_USERNAME/TWINE_PASSWORD,
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import html
 import html.parser
@@ -24,16 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import (
-    InvalidSdistFilename,
-    InvalidWheelFilename,
     canonicalize_name,
-    parse_sdist_filename,
     parse_wheel_filename,
 )
 
 from .cache import sha256_of
 from .console import say
 from .errors import UserError
+from .index import Reader, page_links, project_of, server_of
 
 DEFAULT_TIMEOUT = 120  # seconds: one request to the index, or one upload
 
@@ -49,11 +46,6 @@ def check_url(url: str, option: str) -> str:
             "Give them as TWINE_USERNAME/TWINE_PASSWORD, in a keyring or in ~/.pypirc."
         )
     return url
-
-
-def server_of(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}"
 
 
 @dataclass(frozen=True)
@@ -90,69 +82,6 @@ def local_wheels(wheelhouse: Path) -> list[LocalWheel]:
     return wheels
 
 
-class _Links(html.parser.HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.hrefs: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        href = dict(attrs).get("href")
-        if tag == "a" and href:
-            self.hrefs.append(href)
-
-
-@dataclass(frozen=True)
-class Reader:
-    """GETs from the index, authenticating like twine when the index asks (HTTP 401)."""
-
-    timeout: float
-    credentials: tuple[str, str] | None = None
-
-    def get(self, url: str) -> bytes | None:
-        """GET url; None for 404. Network and HTTP failures become clear errors."""
-        try:
-            return self._open(url, None)
-        except urllib.error.HTTPError as exc:
-            if exc.code == 401 and self.credentials is not None:
-                return self._get_authenticated(url)
-            return self._failure(url, exc)
-
-    def _get_authenticated(self, url: str) -> bytes | None:
-        assert self.credentials is not None
-        token = base64.b64encode(":".join(self.credentials).encode()).decode()
-        try:
-            return self._open(url, f"Basic {token}")
-        except urllib.error.HTTPError as exc:
-            return self._failure(url, exc)
-
-    def _open(self, url: str, authorization: str | None) -> bytes:
-        request = urllib.request.Request(url)
-        if authorization is not None:
-            request.add_header("Authorization", authorization)
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return bytes(response.read())
-        except urllib.error.HTTPError:
-            raise
-        except (urllib.error.URLError, TimeoutError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise UserError(
-                f"cannot read {url} from {server_of(url)}: {reason} (within {self.timeout:g} s)"
-            ) from None
-
-    @staticmethod
-    def _failure(url: str, exc: urllib.error.HTTPError) -> None:
-        if exc.code == 404:
-            return None
-        hint = ""
-        if exc.code in (401, 403):
-            hint = (
-                "; the index wants credentials to read: give them as "
-                "TWINE_USERNAME/TWINE_PASSWORD, in a keyring or in ~/.pypirc"
-            )
-        raise UserError(f"{url} answered HTTP {exc.code} {exc.reason}{hint}") from None
-
-
 def twine_credentials(repository_url: str | None, repository: str | None) -> tuple[str, str] | None:
     """The username and password twine would use for this repository, if it has any."""
     from twine import exceptions, settings
@@ -177,11 +106,9 @@ def served_files(reader: Reader, index_url: str, project: str) -> dict[str, str]
     page = reader.get(page_url)
     if page is None:
         return {}
-    parser = _Links()
-    parser.feed(page.decode("utf-8", "replace"))
     files = {}
-    for href in parser.hrefs:
-        url = urllib.parse.urljoin(page_url, html.unescape(href))
+    for href in page_links(page):
+        url = urllib.parse.urljoin(page_url, href)
         path, _, fragment = url.partition("#")
         name = urllib.parse.unquote(path.rsplit("/", 1)[-1])
         if fragment.startswith("sha256="):
@@ -295,15 +222,6 @@ def _summary(wheels: list[LocalWheel], status: dict[str, str], index_url: str) -
         say(f"  {wheel.path.name}: {status.get(wheel.path.name, 'NOT on the index')}")
 
 
-def _project_of(file_name: str) -> str | None:
-    try:
-        if file_name.endswith(".whl"):
-            return str(parse_wheel_filename(file_name)[0])
-        return str(parse_sdist_filename(file_name)[0])
-    except (InvalidWheelFilename, InvalidSdistFilename):
-        return None
-
-
 def _write_atomically(path: Path, data: bytes) -> None:
     partial = path.with_name(f".{path.name}.partial")
     partial.write_bytes(data)
@@ -347,7 +265,7 @@ def write_static_index(wheelhouse: Path, destination: Path) -> None:
         if not (packages / wheel.path.name).is_file():
             _write_atomically(packages / wheel.path.name, wheel.path.read_bytes())
     for project in sorted({wheel.project for wheel in wheels}):
-        files = sorted(path for path in packages.iterdir() if _project_of(path.name) == project)
+        files = sorted(path for path in packages.iterdir() if project_of(path.name) == project)
         links = "".join(
             f'<a href="../../packages/{urllib.parse.quote(path.name)}#sha256='
             f'{sha256_of(path)}">{html.escape(path.name)}</a><br>\n'

@@ -117,7 +117,7 @@ def manylinux_tag(wheel: Path) -> str:
         with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(complete, "w") as target:
             files = {i.filename: source.read(i) for i in source.infolist() if not i.is_dir()}
             (record_name,) = [n for n in files if n.endswith(".dist-info/RECORD")]
-            files[record_name] = _record(files, record_name)
+            files[record_name] = record_bytes(files, record_name)
             for name, data in files.items():
                 target.writestr(name, data)
         result = subprocess.run(
@@ -137,7 +137,7 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + digest.decode()
 
 
-def _record(files: dict[str, bytes], record_name: str) -> bytes:
+def record_bytes(files: dict[str, bytes], record_name: str) -> bytes:
     """The RECORD of a wheel holding `files` (RECORD itself aside)."""
     # RECORD is CSV: file names with commas or quotes are quoted (sglang ships such files).
     record = io.StringIO()
@@ -221,7 +221,7 @@ def finalize_wheel(
         version, dist_info = labelled, f"{distribution}-{labelled}.dist-info"
     record_name = f"{dist_info}/RECORD"
     files.pop(record_name, None)
-    files[record_name] = (_record({n: d for n, (d, _) in files.items()}, record_name), 0o644)
+    files[record_name] = (record_bytes({n: d for n, (d, _) in files.items()}, record_name), 0o644)
 
     # .dist-info last, as the wheel spec recommends; everything else sorted.
     order = sorted(files, key=lambda name: (name.startswith(dist_info + "/"), name))

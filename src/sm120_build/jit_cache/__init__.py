@@ -47,6 +47,7 @@ __all__ = [
     "Part",
     "ShardSpec",
     "assemble",
+    "base_wheel",
     "check_archs",
     "compile_part",
     "plan",
@@ -191,6 +192,14 @@ def compile_part(
     return Part(wheel, record)
 
 
+def base_wheel(layout: Layout, pins: Pins, spec: str) -> Path:
+    """The --base-jit-cache wheel, fetched once and checked whole: called before anything
+    compiles, so a wrong one costs seconds, not the compile stage."""
+    base = fetch.fetch_pinned_wheel(spec, layout.cache)
+    overlay.check_base(base, pins.upstream("flashinfer").version)
+    return base
+
+
 def assemble(
     layout: Layout,
     pins: Pins,
@@ -219,7 +228,7 @@ def assemble(
     with scratch_directory(layout.cache, "jit-cache-wheel") as scratch:
         wheel = shards.merge_wheels([part.wheel for part in parts], scratch / parts[0].wheel.name)
         if base_jit_cache is not None:
-            base = fetch.fetch_pinned_wheel(base_jit_cache, layout.cache)
+            base = base_wheel(layout, pins, base_jit_cache)
             (scratch / "overlay").mkdir()
             wheel, taken = overlay.overlay_base(wheel, base, scratch / "overlay")
             provenance["base_jit_cache"] = {

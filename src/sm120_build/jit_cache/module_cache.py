@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..cache import scratch_directory, store_entry, verified_entry
 from ..layout import JIT_CACHE_PREFIX
+from ..wheels import record_bytes
 from .cmake import KernelBuild
 from .render import Module
 
@@ -86,12 +87,16 @@ def store(directory: Path, built: KernelBuild, keys: dict[str, str]) -> None:
 
 
 def add_to_wheel(wheel: Path, modules: list[CachedModule], out: Path) -> Path:
-    """`wheel` with the cached modules' files added (finalize_wheel rewrites its RECORD)."""
+    """`wheel` with the cached modules' files added, and a RECORD that lists them: a part is
+    a wheel another machine's merge checks whole (archives.check_wheel)."""
     with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(out, "w") as target:
-        for info in source.infolist():
-            target.writestr(info, source.read(info))
+        entries = [(info, source.read(info)) for info in source.infolist()]
         for module in modules:
             with zipfile.ZipFile(module.archive) as archive:
-                for info in archive.infolist():
-                    target.writestr(info, archive.read(info))
+                entries += [(info, archive.read(info)) for info in archive.infolist()]
+        files = {info.filename: data for info, data in entries if not info.is_dir()}
+        for info, data in entries:
+            if info.filename.endswith(".dist-info/RECORD"):
+                data = record_bytes(files, info.filename)
+            target.writestr(info, data)
     return out

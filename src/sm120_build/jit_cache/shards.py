@@ -24,8 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..archives import check_wheel
+from ..cache import sha256_of
 from ..errors import UserError
 from ..layout import JIT_CACHE_PREFIX
+from .overlay import base_member_problem
 from .render import Module
 
 SHARD_FILE = "shard.json"
@@ -158,6 +161,9 @@ def write_shard(out_dir: Path, spec: ShardSpec, wheel: Path, record: dict[str, A
     target = out_dir / spec.label
     staging = Path(tempfile.mkdtemp(prefix=f".{spec.label}-", dir=out_dir))
     shutil.copyfile(wheel, staging / wheel.name)
+    # The merge takes the wheel only with this hash: a shard changed on its way between
+    # machines (an artifact store, a copy) is named, not merged.
+    record = {**record, "wheel": {"file": wheel.name, "sha256": sha256_of(wheel)}}
     (staging / SHARD_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     staging.chmod(0o755)
     if target.exists():
@@ -173,6 +179,29 @@ def _wheel_in(directory: Path) -> Path:
     return wheels[0]
 
 
+def _read_shard(directory: Path) -> Part:
+    """One shard: its record, and its wheel, checked against the hash the record holds and
+    checked whole (members, RECORD) before the merge reads anything of it."""
+    try:
+        record: dict[str, Any] = json.loads((directory / SHARD_FILE).read_text())
+        recorded = record["wheel"]
+        name, sha256 = str(recorded["file"]), str(recorded["sha256"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(
+            f"{directory / SHARD_FILE} is not a shard record of this tool ({type(exc).__name__}: "
+            f"{exc}); build that shard again with `nox -s build_shard`"
+        ) from None
+    wheel = _wheel_in(directory)
+    if wheel.name != name or sha256_of(wheel) != sha256:
+        raise UserError(
+            f"shard {directory.name}: {wheel.name} is not the wheel its build recorded "
+            f"({name}, sha256 {sha256}; it has {sha256_of(wheel)}). It changed after "
+            "`build_shard`: build that shard again, or fetch it again from its build."
+        )
+    check_wheel(wheel, base_member_problem, f"shard {directory.name}:")
+    return Part(wheel, record)
+
+
 def read_shards(shards_dir: Path) -> list[Part]:
     """Every shard under shards_dir, checked to be one complete set of one build."""
     found = sorted(p.parent for p in shards_dir.glob(f"*-of-*/{SHARD_FILE}"))
@@ -181,7 +210,7 @@ def read_shards(shards_dir: Path) -> list[Part]:
             f"no shards in {shards_dir}: run `nox -s build_shard -- --shard I/N` for each I "
             "(or download the shard artifacts there) first"
         )
-    builds = [Part(_wheel_in(d), json.loads((d / SHARD_FILE).read_text())) for d in found]
+    builds = [_read_shard(d) for d in found]
     keys = {b.record["key"] for b in builds}
     if len(keys) != 1:
         raise UserError(
