@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from sm120_build.cache import (
+    MANIFEST,
+    adopt_cache,
     cache_lock,
     exclusive_lock,
     scratch_directory,
@@ -50,15 +52,59 @@ def test_a_waiting_run_names_the_holders_pid(tmp_path: Path, capfd: pytest.Captu
 
 
 def test_the_next_run_removes_what_an_interrupted_one_left(tmp_path: Path) -> None:
+    adopt_cache(tmp_path, force=False)
     with scratch_directory(tmp_path / "artifacts" / "sglang", "entry") as scratch:
         left = scratch
         os.rename(scratch, scratch.with_name(scratch.name + "-killed"))  # as if never cleaned
     assert not left.exists()
-    leftovers = list((tmp_path / "artifacts" / "sglang").glob(".tmp-*"))
+    leftovers = list((tmp_path / "artifacts" / "sglang").glob(".sm120-tmp-*"))
     assert leftovers
     with cache_lock(tmp_path):
         pass
-    assert not list((tmp_path / "artifacts" / "sglang").glob(".tmp-*"))
+    assert not list((tmp_path / "artifacts" / "sglang").glob(".sm120-tmp-*"))
+
+
+def test_a_shared_cache_directory_keeps_other_programs_files(tmp_path: Path) -> None:
+    """A cache pointed at a directory others use: their .tmp-* files are not ours to delete
+    (every run used to delete them), and an unmarked, non-empty directory is not adopted
+    without --force."""
+    shared = tmp_path / "shared"
+    (shared / "sub").mkdir(parents=True)
+    (shared / ".tmp-x").write_text("another program's\n")
+    (shared / "sub" / ".tmp-y").mkdir()
+    with (
+        pytest.raises(UserError, match=r"not marked as an sm120-build cache.*--force"),
+        cache_lock(shared),
+    ):
+        pass
+    assert not (shared / ".lock").exists()
+    with cache_lock(shared, force=True):
+        pass
+    assert (shared / ".tmp-x").read_text() == "another program's\n"
+    assert (shared / "sub" / ".tmp-y").is_dir()
+    with cache_lock(shared):  # marked now: no --force needed again
+        pass
+    assert (shared / ".tmp-x").is_file()
+
+
+def test_a_linked_cache_entry_is_never_followed(tmp_path: Path) -> None:
+    """A module-cache entry that is a link (or holds a link leading out of it) was followed
+    out of the cache and used."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "module.zip").write_bytes(b"planted")
+    store_entry(outside, tmp_path / "real")  # a manifest that matches what it holds
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "linked").symlink_to(tmp_path / "real")
+    assert verified_entry(cache / "linked", "module norm") is None
+    assert not (cache / "linked").is_symlink() and (tmp_path / "real").is_dir()
+    entry = cache / "entry"
+    entry.mkdir()
+    (entry / "module.zip").symlink_to(tmp_path / "real" / "module.zip")
+    (entry / MANIFEST).write_text(f"link {tmp_path / 'real' / 'module.zip'}  module.zip\n")
+    assert verified_entry(entry, "module norm") is None
+    assert not entry.exists() and (tmp_path / "real" / "module.zip").is_file()
 
 
 def test_a_damaged_cache_entry_is_discarded_with_a_message(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sm120_build.audit import load_waivers
-from sm120_build.errors import UserError
+from sm120_build.errors import UserError, exit_status
 from sm120_build.gitrepo import export_tree
 from sm120_build.pins import load as load_pins
 from sm120_build.toolkit import probe
@@ -109,16 +109,29 @@ def test_outside_a_checkout_is_a_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_an_unexpected_failure_is_one_line_unless_verbose(tmp_path: Path) -> None:
-    """A failure nobody anticipated (here: the cache path is a file, so the cache lock
-    cannot be made) prints one line naming --verbose; --verbose shows the traceback."""
+def test_a_cache_path_that_is_a_file_is_named(tmp_path: Path) -> None:
+    """It used to end in "unexpected FileExistsError ... This is a bug"."""
     root = tmp_path / "project"
     root.mkdir()
     (root / "pins.toml").write_text((REPO / "pins.toml").read_text())
     (root / ".cache").write_text("a file where the cache directory should be\n")
-    quiet = cli(root, "vendor")
-    assert quiet.returncode == 2
-    assert len(quiet.stderr.strip().splitlines()) == 2
-    assert "--verbose" in quiet.stderr and "Traceback" not in quiet.stderr
-    loud = cli(root, "vendor", "--verbose")
-    assert "Traceback" in loud.stderr
+    result = cli(root, "vendor")
+    assert result.returncode == 1
+    assert "is not a directory; set SM120_CACHE_DIR" in result.stderr
+    assert "This is a bug" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_unexpected_failure_is_one_line_unless_verbose(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def broken() -> int:
+        raise ValueError("nobody saw this coming")
+
+    assert exit_status(broken, verbose=False) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "error: unexpected ValueError: nobody saw this coming",
+        "This is a bug in sm120-build; run again with --verbose for the traceback.",
+    ]
+    with pytest.raises(ValueError):
+        exit_status(broken, verbose=True)

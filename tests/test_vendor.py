@@ -356,7 +356,7 @@ def test_half_made_first_vendor_is_detected_and_rebuilt(two_patches) -> None:
     tree.parent.mkdir(parents=True)
     unpack_sdist(sdist, tree)
     git(tree, "init", "--quiet")
-    (tree.parent / ".tmp-demo-abc123").mkdir()
+    (tree.parent / ".sm120-tmp-123-demo-abc123").mkdir()
     assert vendor_upstream(upstream, sdist, series, tree)
     assert read_state(tree).complete
     assert [p.name for p in tree.parent.iterdir()] == ["demo"]

@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -20,8 +21,14 @@ from pathlib import Path
 
 from .console import say
 from .errors import UserError
+from .layout import CACHE_ENV
 
-SCRATCH_PREFIX = ".tmp-"
+# Scratch directories are named .sm120-tmp-<pid>-<what>-<random>: a name no other program
+# uses, so that cleaning up after a killed run never touches another program's files.
+SCRATCH_PREFIX = ".sm120-tmp-"
+_SCRATCH_NAME = re.compile(rf"^{re.escape(SCRATCH_PREFIX)}\d+-")
+# The file that marks a directory as this tool's cache; only a marked cache is cleaned.
+MARKER = ".sm120-build-cache"
 MANIFEST = "MANIFEST.sha256"
 _SCRATCH_DEPTH = 3  # cache/, cache/<kind>/, cache/<kind>/<sub>/ hold scratch directories
 
@@ -73,10 +80,33 @@ def exclusive_lock(path: Path, waiting_for: str) -> Iterator[None]:
         yield
 
 
-@contextmanager
-def cache_lock(cache: Path) -> Iterator[None]:
-    """Hold the cache's lock; on taking it, remove what interrupted runs left behind."""
+def adopt_cache(cache: Path, force: bool) -> None:
+    """Make `cache` this tool's cache: create it, or take an existing directory that is
+    empty or already marked, or any with `force`. A directory other programs use (a shared
+    SM120_CACHE_DIR pointed at /tmp, say) is not cleaned or written by mistake."""
+    if cache.is_symlink() or (cache.exists() and not cache.is_dir()):
+        raise UserError(f"{cache} is not a directory; set {CACHE_ENV} to a directory of its own")
     cache.mkdir(parents=True, exist_ok=True)
+    marker = cache / MARKER
+    if marker.is_file():
+        return
+    if any(cache.iterdir()) and not force:
+        raise UserError(
+            f"{cache} is not empty and is not marked as an sm120-build cache ({MARKER}): "
+            f"this tool would write into it and clean its scratch there. Point {CACHE_ENV} "
+            "at a directory of its own, or pass --force to adopt this one."
+        )
+    marker.write_text(
+        "This directory is the cache of sm120-build (sdists, the CUDA toolkit, built wheels "
+        f"and modules).\nScratch directories here are named {SCRATCH_PREFIX}<pid>-...; the "
+        "next run removes those an interrupted run left.\n"
+    )
+
+
+@contextmanager
+def cache_lock(cache: Path, force: bool = False) -> Iterator[None]:
+    """Hold the cache's lock; on taking it, remove what interrupted runs left behind."""
+    adopt_cache(cache, force)
     with exclusive_lock(cache / ".lock", f"another sm120-build run using {cache}"):
         removed = clean_scratch(cache)
         if removed:
@@ -88,15 +118,21 @@ def cache_lock(cache: Path) -> Iterator[None]:
 
 
 def clean_scratch(cache: Path) -> int:
-    """Delete scratch directories under `cache`. Only safe while holding the cache lock."""
+    """Delete the scratch this tool made under `cache`, a cache it marked (adopt_cache).
+    Only safe while holding the cache lock. Links are removed, never followed."""
+    if not (cache / MARKER).is_file():
+        return 0
     removed = 0
     level = [cache]
     for _ in range(_SCRATCH_DEPTH):
         below = []
         for directory in level:
-            for entry in sorted(directory.iterdir()) if directory.is_dir() else []:
-                if entry.name.startswith(SCRATCH_PREFIX):
-                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            for entry in sorted(directory.iterdir()):
+                if _SCRATCH_NAME.match(entry.name):
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry)
+                    else:
+                        entry.unlink()
                     removed += 1
                 elif entry.is_dir() and not entry.is_symlink() and entry.name != "pip":
                     below.append(entry)
@@ -108,7 +144,8 @@ def clean_scratch(cache: Path) -> int:
 def scratch_directory(parent: Path, what: str) -> Iterator[Path]:
     """A temporary directory that the next run removes if this one is killed."""
     parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{what}-", dir=parent) as path:
+    prefix = f"{SCRATCH_PREFIX}{os.getpid()}-{what}-"
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=parent) as path:
         yield Path(path)
 
 
@@ -143,15 +180,42 @@ def store_entry(staging: Path, entry: Path) -> None:
         shutil.rmtree(staging)
 
 
+def _link_leaves(entry: Path) -> str | None:
+    """The first link inside `entry` that resolves outside it, if any."""
+    root = entry.resolve()
+    for path in entry.rglob("*"):
+        if path.is_symlink() and not path.resolve().is_relative_to(root):
+            return path.relative_to(entry).as_posix()
+    return None
+
+
 def verified_entry(entry: Path, what: str) -> Path | None:
-    """`entry` when its files match its manifest; otherwise discard it (saying so) -> None."""
+    """`entry` when its files match its manifest; otherwise discard it (saying so) -> None.
+
+    An entry that is itself a link, or holds a link leading out of it, is discarded too:
+    the cache is a directory others may write, and nothing outside the entry is vouched
+    for by its manifest."""
+    if entry.is_symlink():
+        say(f"cached {what} at {entry} is a symbolic link; removing the link, not following it")
+        entry.unlink()
+        return None
     if not entry.is_dir():
         return None
     manifest = entry / MANIFEST
-    recorded = manifest.read_text().splitlines(keepends=True) if manifest.is_file() else None
-    if recorded == _manifest_lines(entry):
+    try:
+        recorded = manifest.read_text().splitlines(keepends=True) if manifest.is_file() else None
+    except UnicodeDecodeError:
+        recorded = []
+    leaving = _link_leaves(entry)
+    if recorded == _manifest_lines(entry) and leaving is None:
         return entry
-    reason = "has no manifest" if recorded is None else "does not match its manifest"
+    reason = (
+        f"holds a link leading out of it ({leaving})"
+        if leaving is not None
+        else "has no manifest"
+        if recorded is None
+        else "does not match its manifest"
+    )
     say(f"cached {what} at {entry} {reason}; discarding it and building it again")
     shutil.rmtree(entry)
     return None

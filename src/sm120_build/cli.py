@@ -12,7 +12,7 @@ from . import audit, bump, jit_cache, pins, pipeline, publish, toolkit, vendor
 from .cache import cache_lock, scratch_directory
 from .console import say
 from .errors import UserError, exit_status
-from .layout import Layout, repo_root
+from .layout import CACHE_ENV, Layout, repo_root
 from .options import add_kernel_options, kernel_request
 
 
@@ -152,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--verbose", action="store_true", help="show the traceback of an unexpected error"
+    )
+    common.add_argument(
+        "--force",
+        action="store_true",
+        help=f"adopt a non-empty {CACHE_ENV} directory that is not marked as this tool's cache",
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -302,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run() -> int:
         layout = Layout.from_root(repo_root())
         # Everything that writes into the cache or vendor/ takes the cache's lock first.
-        with cache_lock(layout.cache) if args.locks_cache else nullcontext():
+        with cache_lock(layout.cache, args.force) if args.locks_cache else nullcontext():
             args.run(layout, args)
         return 0
 

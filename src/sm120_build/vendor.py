@@ -314,7 +314,7 @@ def vendor_upstream(upstream: Upstream, sdist: Path, series_dir: Path, tree: Pat
     label = f"vendor/{tree.name}"
     patches = load_series(series_dir)  # reject a bad series before touching anything
     key = inputs_key(upstream, patches)
-    for leftover in tree.parent.glob(f"{SCRATCH_PREFIX}{tree.name}-*"):
+    for leftover in tree.parent.glob(f"{SCRATCH_PREFIX}*-{tree.name}-*"):
         shutil.rmtree(leftover)  # an interrupted run's new tree; we hold the cache lock
     if tree.exists() and _half_made(tree):
         say(f"{label} was left half-made by an interrupted run; making it again")

@@ -256,7 +256,14 @@ def requirement_lines(wheels: list[Path], companions: list[Companion]) -> str:
 
 def assemble_wheelhouse(wheels: list[Path], companions: list[Companion], wheelhouse: Path) -> None:
     """Replace wheelhouse/ by renames: a failed build never leaves a partial one, and a
-    failure at the swap itself puts the old one back."""
+    failure at the swap itself puts the old one back. What a run killed during the swap
+    left beside it is removed first (the old one back in place if it is all there is)."""
+    for leftover in sorted(wheelhouse.parent.glob(".wheelhouse-old-*")):
+        if not wheelhouse.exists() and (leftover / "wheelhouse").is_dir():
+            os.rename(leftover / "wheelhouse", wheelhouse)
+        shutil.rmtree(leftover)
+    for leftover in sorted(wheelhouse.parent.glob(".wheelhouse-new-*")):
+        shutil.rmtree(leftover)
     staging = Path(tempfile.mkdtemp(prefix=".wheelhouse-new-", dir=wheelhouse.parent))
     retired: Path | None = None
     try:
