@@ -8,6 +8,7 @@ nox -l                              every session, with its help
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,7 +70,22 @@ _pyenv_interpreters()
 CACHE = Path(os.environ.get("SM120_CACHE_DIR", ROOT / ".cache")).resolve()
 
 
+# user[:password]@ in a URL: a secret nox would print with the command line it runs.
+_CREDENTIALS_IN_URL = re.compile(r"://[^/@\s]+@")
+
+
+def _refuse_credentials(session: nox.Session) -> None:
+    """Stop before nox runs (and so echoes) a command whose options carry a credential."""
+    if any(_CREDENTIALS_IN_URL.search(arg) for arg in session.posargs):
+        session.error(
+            "a URL among the options carries credentials (user[:password]@host); nox prints "
+            "every command it runs, so nothing was run. Give them as TWINE_USERNAME and "
+            "TWINE_PASSWORD, in a keyring, or in ~/.pypirc, and the URL without them."
+        )
+
+
 def _install_tool(session: nox.Session, *extra: str) -> None:
+    _refuse_credentials(session)
     session.env["SM120_CACHE_DIR"] = str(CACHE)
     session.env["PIP_CACHE_DIR"] = str(CACHE / "pip")
     session.install(".", *extra)
@@ -186,16 +202,16 @@ def bench(session: nox.Session) -> None:
 
 
 def _run_on_this_node(session: nox.Session, module: str) -> None:
-    """Install wheelhouse/'s FlashInfer wheels (no dependencies) into the Python nox runs
-    from, then run `module` there with JIT compilation disabled."""
-    wheels = sorted(str(p) for p in (ROOT / "wheelhouse").glob("flashinfer_*.whl"))
-    if len(wheels) != 2:
-        session.error("wheelhouse/ lacks the FlashInfer wheels: run `nox -s build_wheels` first")
-    session.run(sys.executable, "-m", "pip", "install", "--no-deps", *wheels)
+    """Run `module` in the Python nox runs from, with JIT compilation disabled, after it has
+    installed wheelhouse/'s FlashInfer wheels there, each checked against SHA256SUMS
+    (`--install`; `-- --help` installs nothing)."""
+    _refuse_credentials(session)
     session.run(
         sys.executable,
         "-m",
         module,
+        "--install",
+        str(ROOT / "wheelhouse"),
         *session.posargs,
         env={"FLASHINFER_DISABLE_JIT": "1", "PYTHONPATH": str(ROOT / "src")},
     )

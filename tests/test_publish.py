@@ -275,7 +275,7 @@ def test_malformed_sha256sums_is_a_clear_error(project: Path, tmp_path: Path) ->
     (project / "wheelhouse" / "SHA256SUMS").write_text("not a checksum line\n")
     result = publish(project, "--static", str(tmp_path / "static"))
     assert result.returncode == 1
-    assert "SHA256SUMS:1 is not '<sha256>  <file name>'" in result.stderr
+    assert "SHA256SUMS:1 is not '<sha256>  <wheel file name>'" in result.stderr
     assert "Traceback" not in result.stderr
 
 

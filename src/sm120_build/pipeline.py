@@ -180,6 +180,7 @@ class _Laps:
 def build_wheels(layout: Layout, pins: Pins, request: KernelRequest) -> dict[str, float]:
     """Run the main job on this machine; return the seconds each stage took."""
     lap = _Laps()
+    jit_cache.check_paths(layout, request)
     vendor_all(layout, pins)
     if request.base_jit_cache is not None:
         jit_cache.base_wheel(layout, pins, request.base_jit_cache)
@@ -196,6 +197,7 @@ def build_wheels(layout: Layout, pins: Pins, request: KernelRequest) -> dict[str
 
 def plan_shards(layout: Layout, pins: Pins, request: KernelRequest, count: int) -> list[list[str]]:
     """Render the request's modules and split them over `count` shards (printed)."""
+    jit_cache.check_paths(layout, request)
     vendor_all(layout, pins, ["flashinfer"])
     cuda, _ = _toolkit(layout, pins, request)
     return jit_cache.plan(layout, pins, request, cuda, count)
@@ -203,6 +205,7 @@ def plan_shards(layout: Layout, pins: Pins, request: KernelRequest, count: int) 
 
 def build_shard(layout: Layout, pins: Pins, request: KernelRequest, shard: ShardSpec) -> Path:
     """Compile one shard's modules into shards/<i>-of-<N>/ for `merge_shards`."""
+    jit_cache.check_paths(layout, request)
     vendor_all(layout, pins)
     cuda, source = _toolkit(layout, pins, request)
     check_gates(layout, pins, cuda)

@@ -31,6 +31,7 @@ from .cache import sha256_of
 from .console import say
 from .errors import UserError
 from .index import Reader, page_links, project_of, server_of
+from .sums import checked_wheels
 
 DEFAULT_TIMEOUT = 120  # seconds: one request to the index, or one upload
 
@@ -57,29 +58,10 @@ class LocalWheel:
 
 def local_wheels(wheelhouse: Path) -> list[LocalWheel]:
     """The wheelhouse's wheels, checked against its SHA256SUMS."""
-    sums_file = wheelhouse / "SHA256SUMS"
-    if not sums_file.is_file():
-        raise UserError(f"{sums_file} is missing: run `nox -s build_wheels` first")
-    sums: dict[str, str] = {}
-    for number, line in enumerate(sums_file.read_text().splitlines(), start=1):
-        match = re.fullmatch(r"([0-9a-f]{64})  (\S+)", line)
-        if match is None:
-            raise UserError(
-                f"{sums_file}:{number} is not '<sha256>  <file name>': {line[:80]!r}. "
-                "Rebuild the wheelhouse with `nox -s build_wheels`."
-            )
-        sums[match.group(2)] = match.group(1)
-    wheels = []
-    for path in sorted(wheelhouse.glob("*.whl")):
-        digest = sha256_of(path)
-        if sums.get(path.name) != digest:
-            raise UserError(f"{path} does not match SHA256SUMS; rebuild with `nox -s build_wheels`")
-        wheels.append(
-            LocalWheel(path, str(canonicalize_name(parse_wheel_filename(path.name)[0])), digest)
-        )
-    if not wheels:
-        raise UserError(f"{wheelhouse} holds no wheels: run `nox -s build_wheels` first")
-    return wheels
+    return [
+        LocalWheel(path, str(canonicalize_name(parse_wheel_filename(path.name)[0])), digest)
+        for path, digest in checked_wheels(wheelhouse).items()
+    ]
 
 
 def twine_credentials(repository_url: str | None, repository: str | None) -> tuple[str, str] | None:

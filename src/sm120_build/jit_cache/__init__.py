@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,7 @@ __all__ = [
     "assemble",
     "base_wheel",
     "check_archs",
+    "check_paths",
     "compile_part",
     "plan",
     "read_shards",
@@ -72,6 +74,17 @@ class KernelRequest:
     archs: list[Arch]
     cuda_home: Path | None = None
     base_jit_cache: str | None = None  # a wheel path, or "NAME==VERSION --hash=sha256:HEX"
+
+
+def check_paths(layout: Layout, request: KernelRequest) -> None:
+    """Refuse, before anything runs, the paths nvcc would see that it cannot take."""
+    paths = {
+        "the cache (SM120_CACHE_DIR)": layout.cache,
+        "this Python environment (its tvm-ffi headers are compiled against)": Path(sys.prefix),
+    }
+    if request.cuda_home is not None:
+        paths["--cuda-home"] = request.cuda_home
+    sources.check_paths(paths)
 
 
 def version(layout: Layout, pins: Pins, request: KernelRequest, cuda: toolkit.Toolkit) -> str:
@@ -142,7 +155,14 @@ def compile_part(
             modules = render.render_modules(exported, request.recipes, archs, cuda)
             split = shards.plan(modules, costs, shard.count)
             share = [module for module in modules if module.name in split[shard.index - 1]]
-            keys = {module.name: module_cache.key(inputs, module) for module in share}
+            # Keyed by the module with this machine's paths named, not spelled out: a build in
+            # another virtual environment (build_shard's beside build_wheels') or cache
+            # location takes the same entries.
+            paths = cmake.machine_paths(exported, cuda)
+            keys = {
+                module.name: module_cache.key(inputs, cmake.portable(module, paths))
+                for module in share
+            }
             cached = module_cache.lookup(layout.built_modules, keys)
             if cached:
                 say(

@@ -7,6 +7,7 @@ are read back from CMake's compile_commands.json so the wheel can record them.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -247,18 +248,40 @@ def _compile_seconds(build_dir: Path) -> dict[str, float]:
     return seconds
 
 
-def _recorded_commands(build_dir: Path, sources: Path, toolkit: Toolkit) -> list[list[str]]:
-    """The compiler's command line per translation unit, from compile_commands.json, paths
-    symbolic."""
-    entries = json.loads((build_dir / "compile_commands.json").read_text())
-    replacements = {
+def machine_paths(sources: Path, toolkit: Toolkit) -> dict[str, str]:
+    """The paths of this machine and environment a module's flags name, each with the name
+    that stands for it in records and keys: the same build in another checkout, cache or
+    virtual environment is the same build (its binaries map these paths away)."""
+    return {
         str(sources): "$FLASHINFER",
         str(sources.parent / "workspace"): "$FLASHINFER_GENERATED",
         str(toolkit.home): "$CUDA_HOME",
         sysconfig.get_path("include"): "$PYTHON_INCLUDE",
-        str(build_dir): "$BUILD",
         **{path: "$TVM_FFI" for path in tvm_ffi_include_dirs()},
     }
+
+
+def portable(module: Module, paths: dict[str, str]) -> Module:
+    """`module` with machine_paths() replaced by their names."""
+
+    def named(values: list[str]) -> list[str]:
+        return _symbolic(values, paths)
+
+    return dataclasses.replace(
+        module,
+        cuda_sources=named(module.cuda_sources),
+        cxx_sources=named(module.cxx_sources),
+        cuda_flags=named(module.cuda_flags),
+        cxx_flags=named(module.cxx_flags),
+        link_flags=named(module.link_flags),
+    )
+
+
+def _recorded_commands(build_dir: Path, sources: Path, toolkit: Toolkit) -> list[list[str]]:
+    """The compiler's command line per translation unit, from compile_commands.json, paths
+    symbolic."""
+    entries = json.loads((build_dir / "compile_commands.json").read_text())
+    replacements = {**machine_paths(sources, toolkit), str(build_dir): "$BUILD"}
     return [
         _symbolic(shlex.split(entry["command"]), replacements)
         for entry in sorted(entries, key=lambda entry: (entry["file"], entry["output"]))

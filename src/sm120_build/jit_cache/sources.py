@@ -10,6 +10,7 @@ $TMPDIR, for that reason.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 from collections.abc import Iterator
@@ -21,6 +22,25 @@ from ..errors import UserError
 from ..gitrepo import export_tree
 
 SOURCE_ROOT = Path("/tmp")
+
+# What nvcc, CMake's module lists and the compile command lines cannot carry in a path:
+# whitespace splits an nvcc option (a space in the cache path failed after 90 s of
+# compiling, with an nvcc error that did not name it), ';' splits a CMake list, quotes
+# and '$' are taken by the shell and CMake. Other characters, non-ASCII ones included, work.
+_UNSAFE = re.compile(r"[\s;\"'$\\]")
+
+
+def check_paths(paths: dict[str, Path]) -> None:
+    """Refuse, before anything runs, a path the CUDA toolchain cannot take, naming it and
+    the way around it. `paths`: what it is -> where."""
+    for what, path in paths.items():
+        if _UNSAFE.search(str(path)):
+            raise UserError(
+                f"{what} is {str(path)!r}, and the CUDA toolchain cannot take a path with "
+                "whitespace, ';', quotes, '$' or '\\' in it (nvcc splits its options there). "
+                "Use a path without them: for the cache, set SM120_CACHE_DIR; for the "
+                "checkout (nox keeps its environments in .nox/ there), clone it elsewhere."
+            )
 
 
 def _private_directory(path: Path) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError, exit_status
+from .install import install_checked
 from .ranks import allreduce_fusion, free_port, init_ranks
 
 SIZES = [(tokens, hidden) for hidden in (4096, 7168) for tokens in (16, 128, 1024)]
@@ -324,6 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument(
+        "--install",
+        type=Path,
+        metavar="DIR",
+        help="first install DIR's FlashInfer wheels into this Python, each checked against "
+        "DIR/SHA256SUMS (nox passes wheelhouse/); without it, what is installed is checked",
+    )
+    parser.add_argument(
         "--verbose", action="store_true", help="show the traceback of an unexpected error"
     )
     args = parser.parse_args(argv)
@@ -331,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.install is not None:
+        install_checked(args.install)
     if args.launch_cost:
         return launch_cost(args.json)
     import torch

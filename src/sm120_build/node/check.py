@@ -28,6 +28,7 @@ from ..errors import UserError, exit_status
 from ..layout import PROVENANCE_FILE
 from ..profiles import load as load_profiles
 from ..profiles import specs_of
+from .install import install_checked
 
 _SERIES = re.compile(r"^p[0-9a-f]{8}$")
 
@@ -120,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="also write the findings to this file")
     parser.add_argument(
+        "--install",
+        type=Path,
+        metavar="DIR",
+        help="first install DIR's FlashInfer wheels into this Python, each checked against "
+        "DIR/SHA256SUMS (nox passes wheelhouse/); without it, what is installed is checked",
+    )
+    parser.add_argument(
         "--verbose", action="store_true", help="show the traceback of an unexpected error"
     )
     args = parser.parse_args(argv)
@@ -127,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.install is not None:
+        install_checked(args.install)
     if os.environ.get("FLASHINFER_DISABLE_JIT") != "1":
         raise UserError("run with FLASHINFER_DISABLE_JIT=1 (nox -s node_check sets it)")
     problems: list[str] = []

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError, exit_status
+from .install import install_checked
 from .ranks import allreduce_fusion, free_port, init_ranks
 
 # Tolerances: |out - ref| <= atol + rtol * |ref|, against an fp32 reference.
@@ -476,6 +477,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="also write all results to this file")
     parser.add_argument(
+        "--install",
+        type=Path,
+        metavar="DIR",
+        help="first install DIR's FlashInfer wheels into this Python, each checked against "
+        "DIR/SHA256SUMS (nox passes wheelhouse/); without it, what is installed is checked",
+    )
+    parser.add_argument(
         "--verbose", action="store_true", help="show the traceback of an unexpected error"
     )
     args = parser.parse_args(argv)
@@ -483,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    if args.install is not None:
+        install_checked(args.install)
     if os.environ.get("FLASHINFER_DISABLE_JIT") != "1":
         raise UserError(
             "run with FLASHINFER_DISABLE_JIT=1 (nox -s verify_gpu sets it), so a missing "

@@ -1,0 +1,74 @@
+"""--install DIR: put a wheelhouse's wheels into the Python that runs the check, as checked.
+
+Every wheel in DIR must match DIR/SHA256SUMS; the chosen ones are installed with pip's
+--require-hashes against those sums and --force-reinstall (an install of the same version
+would otherwise keep what is there), and afterwards the installed versions must be the
+wheels' own: the checks that follow look at what is installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ..errors import UserError
+from ..sums import SUMS_FILE, checked_wheels
+
+FLASHINFER = ("flashinfer-python", "flashinfer-jit-cache")
+
+
+def _name_and_version(wheel: Path) -> tuple[str, str]:
+    """A wheel file's project (canonical, PEP 503) and version (a node may lack packaging)."""
+    name, version = wheel.name.split("-")[:2]
+    return re.sub(r"[-_.]+", "-", name).lower(), version
+
+
+def install_checked(wheelhouse: Path, projects: tuple[str, ...] = FLASHINFER) -> None:
+    wheels = checked_wheels(wheelhouse)
+    chosen = {
+        path: digest for path, digest in wheels.items() if _name_and_version(path)[0] in projects
+    }
+    found = {_name_and_version(path)[0] for path in chosen}
+    if found != set(projects):
+        raise UserError(
+            f"{wheelhouse} lacks the {', '.join(sorted(set(projects) - found))} wheel: run "
+            "`nox -s build_wheels` first"
+        )
+    with tempfile.TemporaryDirectory() as scratch:
+        requirements = Path(scratch) / "requirements.txt"
+        requirements.write_text(
+            "".join(f"{path.resolve()} --hash=sha256:{digest}\n" for path, digest in chosen.items())
+        )
+        print(f"installing {', '.join(p.name for p in chosen)} (checked against {SUMS_FILE})")
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--force-reinstall",
+                "--require-hashes",
+                "--requirement",
+                str(requirements),
+            ],
+            capture_output=True,
+            text=True,
+        )
+    if result.returncode != 0:
+        raise UserError(f"pip could not install the wheelhouse's wheels:\n{result.stderr.strip()}")
+    importlib.invalidate_caches()
+    for path in chosen:
+        name, version = _name_and_version(path)
+        installed = importlib.metadata.version(name)
+        if installed != version:
+            raise UserError(
+                f"after installing {path.name}, {sys.prefix} holds {name} {installed}: "
+                "another installation shadows it (check sys.path and PYTHONPATH)"
+            )
