@@ -12,6 +12,7 @@ import pytest
 
 from sm120_build.cache import (
     MANIFEST,
+    MARKER,
     adopt_cache,
     cache_lock,
     exclusive_lock,
@@ -85,6 +86,14 @@ def test_a_shared_cache_directory_keeps_other_programs_files(tmp_path: Path) -> 
     with cache_lock(shared):  # marked now: no --force needed again
         pass
     assert (shared / ".tmp-x").is_file()
+
+
+def test_a_cache_holding_only_the_nox_sessions_pip_cache_is_adopted(tmp_path: Path) -> None:
+    """The noxfile points pip's download cache into the cache before the tool first runs."""
+    (tmp_path / "pip" / "http").mkdir(parents=True)
+    with cache_lock(tmp_path):
+        pass
+    assert (tmp_path / MARKER).is_file() and (tmp_path / "pip" / "http").is_dir()
 
 
 def test_a_linked_cache_entry_is_never_followed(tmp_path: Path) -> None:

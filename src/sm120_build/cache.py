@@ -82,7 +82,8 @@ def exclusive_lock(path: Path, waiting_for: str) -> Iterator[None]:
 
 def adopt_cache(cache: Path, force: bool) -> None:
     """Make `cache` this tool's cache: create it, or take an existing directory that is
-    empty or already marked, or any with `force`. A directory other programs use (a shared
+    already marked, or holds nothing but the pip/ download cache this project's nox
+    sessions keep there, or any with `force`. A directory other programs use (a shared
     SM120_CACHE_DIR pointed at /tmp, say) is not cleaned or written by mistake."""
     if cache.is_symlink() or (cache.exists() and not cache.is_dir()):
         raise UserError(f"{cache} is not a directory; set {CACHE_ENV} to a directory of its own")
@@ -90,7 +91,7 @@ def adopt_cache(cache: Path, force: bool) -> None:
     marker = cache / MARKER
     if marker.is_file():
         return
-    if any(cache.iterdir()) and not force:
+    if any(entry.name != "pip" for entry in cache.iterdir()) and not force:
         raise UserError(
             f"{cache} is not empty and is not marked as an sm120-build cache ({MARKER}): "
             f"this tool would write into it and clean its scratch there. Point {CACHE_ENV} "

@@ -307,7 +307,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run() -> int:
         layout = Layout.from_root(repo_root())
         # Everything that writes into the cache or vendor/ takes the cache's lock first.
-        with cache_lock(layout.cache, args.force) if args.locks_cache else nullcontext():
+        # The default cache, inside the checkout and ignored by git, is this tool's by
+        # construction; one set by SM120_CACHE_DIR must be marked, empty or --force'd.
+        force = args.force or layout.cache == layout.root / ".cache"
+        with cache_lock(layout.cache, force) if args.locks_cache else nullcontext():
             args.run(layout, args)
         return 0
 
