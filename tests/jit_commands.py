@@ -11,12 +11,15 @@ import json
 import sys
 
 from sm120_build.profiles import specs_of
+from sm120_build.sglang_kernels import is_sglang_call
 
 provenance = json.loads(
     importlib.metadata.distribution("flashinfer-jit-cache").read_text("sm120-build.json")
 )
 commands = {}
 for call in provenance["recipes"].values():
+    if is_sglang_call(call):
+        continue  # sglang's kernels: tvm-ffi's JIT, not FlashInfer's
     for spec in specs_of(call):
         commands[spec.name] = spec.get_compile_commands()
 json.dump(commands, sys.stdout)

@@ -170,7 +170,7 @@ def test_profiles_select_default_profile_modules_and_both() -> None:
 def test_every_recipe_cites_where_it_is_defined_and_loaded() -> None:
     profiles = load(REPO / "profiles.toml")
     for recipe in profiles.recipes.values():
-        assert re.fullmatch(r"flashinfer/\S+\.py:\d+", recipe.defined_at), recipe.name
+        assert re.fullmatch(r"(flashinfer|sglang)/\S+\.py:\d+", recipe.defined_at), recipe.name
         assert recipe.loaded_by and all(re.match(r"\S+\.py:\d+ ", x) for x in recipe.loaded_by)
 
 

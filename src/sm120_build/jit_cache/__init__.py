@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import platform
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from ..cache import (
 from ..console import say
 from ..layout import Layout
 from ..pins import Pins
+from ..sglang_kernels import MODULE_PREFIX, is_sglang_call
 from . import cmake, module_cache, overlay, render, shards, sources
 from .arch import DEFAULT_ARCHS, Arch, check_archs
 from .sccache import launcher_for
@@ -145,22 +147,35 @@ def compile_part(
     if wheel is not None:
         say(f"{what}: reusing the cached build")
         return Part(wheel, json.loads((entry / "record.json").read_text()))
+    # sglang's own kernels are rendered from the patched sglang, exported to a fixed path of
+    # its own: a change to sglang's patches moves neither FlashInfer's path nor its modules.
+    sglang_tree = layout.vendor / "sglang"
+    wants_sglang = any(is_sglang_call(call) for call in request.recipes.values())
+    sglang_inputs = vendor.current_inputs(sglang_tree) if wants_sglang else ""
     with scratch_directory(layout.cache, "kernel-build") as scratch:
         (scratch / "out").mkdir()
         (scratch / "whole").mkdir()
         # The same source path for every shard and for one machine's build: nvcc hashes it
         # into symbol names, so it is part of the bytes (and of sccache's keys).
         source_key = digest(jit_version, vendor.current_inputs(tree))
-        with sources.at_fixed_path(tree, source_key) as exported:
-            modules = render.render_modules(exported, request.recipes, archs, cuda)
+        with (
+            sources.at_fixed_path(tree, source_key) as exported,
+            sources.at_fixed_path(sglang_tree, digest(jit_version, sglang_inputs))
+            if wants_sglang
+            else nullcontext(None) as sglang_exported,
+        ):
+            modules = render.render_modules(exported, request.recipes, archs, cuda, sglang_exported)
             split = shards.plan(modules, costs, shard.count)
             share = [module for module in modules if module.name in split[shard.index - 1]]
             # Keyed by the module with this machine's paths named, not spelled out: a build in
             # another virtual environment (build_shard's beside build_wheels') or cache
-            # location takes the same entries.
-            paths = cmake.machine_paths(exported, cuda)
+            # location takes the same entries. sglang's kernels also by sglang's inputs.
+            paths = cmake.machine_paths(exported, cuda, sglang_exported)
             keys = {
-                module.name: module_cache.key(inputs, cmake.portable(module, paths))
+                module.name: module_cache.key(
+                    inputs + (sglang_inputs if module.name.startswith(MODULE_PREFIX) else ""),
+                    cmake.portable(module, paths),
+                )
                 for module in share
             }
             cached = module_cache.lookup(layout.built_modules, keys)
@@ -179,6 +194,7 @@ def compile_part(
                 scratch=scratch,
                 out_dir=scratch / "out",
                 launcher=launcher_for(layout),
+                sglang=sglang_exported,
             )
         module_cache.store(layout.built_modules, result, keys)
         record = {
@@ -270,8 +286,18 @@ def plan(
     tree = layout.vendor / "flashinfer"
     costs = shards.load_costs(layout.costs_file)
     source_key = digest("plan", version(layout, pins, request, cuda), vendor.current_inputs(tree))
-    with sources.at_fixed_path(tree, source_key) as exported:
-        modules = render.render_modules(exported, request.recipes, sorted(set(request.archs)), cuda)
+    sglang_tree = layout.vendor / "sglang"
+    wants_sglang = any(is_sglang_call(call) for call in request.recipes.values())
+    sglang_key = digest("plan", vendor.current_inputs(sglang_tree)) if wants_sglang else ""
+    with (
+        sources.at_fixed_path(tree, source_key) as exported,
+        sources.at_fixed_path(sglang_tree, sglang_key)
+        if wants_sglang
+        else nullcontext(None) as sglang_exported,
+    ):
+        modules = render.render_modules(
+            exported, request.recipes, sorted(set(request.archs)), cuda, sglang_exported
+        )
     split = shards.plan(modules, costs, count)
     print(shards.plan_table(modules, costs, split))
     return split

@@ -50,6 +50,12 @@ def host_compilers() -> list[str]:
     return identities
 
 
+def tvm_ffi_library_dir() -> str:
+    from tvm_ffi import libinfo
+
+    return str(Path(libinfo.find_libtvm_ffi()).parent)
+
+
 def tvm_ffi_include_dirs() -> list[str]:
     try:
         from tvm_ffi import libinfo
@@ -96,6 +102,11 @@ def add_license_texts(sources: Path, licenses: Path) -> None:
 # library, cudart static (see CMakeLists.txt), and no libcuda (no module calls the driver
 # API directly; verify.py checks the .so files' undefined symbols).
 _JIT_LINK_DEFAULTS = ("-shared", "-lcudart", "-lcuda")
+# tvm-ffi's own JIT (sglang's kernels) also links -ltvm_ffi from its package directory.
+# `import tvm_ffi` loads that library with RTLD_GLOBAL before any module loads (tvm_ffi/
+# __init__.py), which is how FlashInfer's modules, linked without it, find it; a NEEDED
+# entry would name a library no manylinux policy knows, and tag the wheel linux_x86_64.
+_TVM_FFI_LIBRARY = "-ltvm_ffi"
 
 
 def _cmake_quote(word: str) -> str:
@@ -130,8 +141,9 @@ def modules_cmake(modules: list[Module], toolkit: Toolkit) -> str:
         if (cxx_includes, cxx_system) != (includes, system):
             raise UserError(f"{module.name}: FlashInfer gives C++ and CUDA different includes")
         link_dirs, libraries, link_flags = [], [], []
+        tvm_ffi_lib = f"-L{tvm_ffi_library_dir()}"
         for flag in module.link_flags:
-            if flag in _JIT_LINK_DEFAULTS:
+            if flag in (*_JIT_LINK_DEFAULTS, _TVM_FFI_LIBRARY, tvm_ffi_lib):
                 continue
             if flag.startswith("-L"):
                 if flag[2:] != stubs:
@@ -171,6 +183,7 @@ def build_jit_cache_wheel(
     scratch: Path,
     out_dir: Path,
     launcher: Launcher | None,
+    sglang: Path | None = None,
 ) -> KernelBuild:
     """Build flashinfer-jit-cache `version`, holding `modules` (rendered from `sources`, the
     tree sources_at_fixed_path exported), into out_dir, in a build tree under `scratch`."""
@@ -186,6 +199,7 @@ def build_jit_cache_wheel(
         f"{sources}=flashinfer",
         f"{workspace}=flashinfer-generated",
         *(f"{d}=tvm_ffi" for d in tvm_ffi_include_dirs()),
+        *([f"{sglang}=sglang"] if sglang else []),
     ]
     defines = {
         "MODULES_FILE": str(project / "modules.cmake"),
@@ -230,7 +244,7 @@ def build_jit_cache_wheel(
     return KernelBuild(
         wheel=wheels[0],
         modules={module.name: module.recipe for module in modules},
-        compile_commands=_recorded_commands(build_dir, sources, toolkit) if modules else [],
+        compile_commands=_recorded_commands(build_dir, sources, toolkit, sglang) if modules else [],
         compile_seconds=_compile_seconds(build_dir) if modules else {},
     )
 
@@ -248,7 +262,7 @@ def _compile_seconds(build_dir: Path) -> dict[str, float]:
     return seconds
 
 
-def machine_paths(sources: Path, toolkit: Toolkit) -> dict[str, str]:
+def machine_paths(sources: Path, toolkit: Toolkit, sglang: Path | None) -> dict[str, str]:
     """The paths of this machine and environment a module's flags name, each with the name
     that stands for it in records and keys: the same build in another checkout, cache or
     virtual environment is the same build (its binaries map these paths away)."""
@@ -258,6 +272,7 @@ def machine_paths(sources: Path, toolkit: Toolkit) -> dict[str, str]:
         str(toolkit.home): "$CUDA_HOME",
         sysconfig.get_path("include"): "$PYTHON_INCLUDE",
         **{path: "$TVM_FFI" for path in tvm_ffi_include_dirs()},
+        **({str(sglang): "$SGLANG"} if sglang else {}),
     }
 
 
@@ -277,11 +292,13 @@ def portable(module: Module, paths: dict[str, str]) -> Module:
     )
 
 
-def _recorded_commands(build_dir: Path, sources: Path, toolkit: Toolkit) -> list[list[str]]:
+def _recorded_commands(
+    build_dir: Path, sources: Path, toolkit: Toolkit, sglang: Path | None
+) -> list[list[str]]:
     """The compiler's command line per translation unit, from compile_commands.json, paths
     symbolic."""
     entries = json.loads((build_dir / "compile_commands.json").read_text())
-    replacements = {**machine_paths(sources, toolkit), str(build_dir): "$BUILD"}
+    replacements = {**machine_paths(sources, toolkit, sglang), str(build_dir): "$BUILD"}
     return [
         _symbolic(shlex.split(entry["command"]), replacements)
         for entry in sorted(entries, key=lambda entry: (entry["file"], entry["output"]))

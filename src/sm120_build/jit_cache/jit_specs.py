@@ -15,12 +15,15 @@ build for `parse_ninja`, where neither is needed.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..profiles import specs_of
+from ..sglang_kernels import evaluate, is_sglang_call
 
 _VARIABLE = re.compile(r"^(\w+) = (.*)$")
 _BUILD = re.compile(r"^build (\S+): (\w+) (.+)$")
@@ -58,27 +61,77 @@ def parse_ninja(text: str) -> dict[str, Any]:
     }
 
 
-def render(recipes: dict[str, str]) -> list[dict[str, Any]]:
-    from flashinfer.jit import cpp_ext
+def parse_tvm_ffi_ninja(text: str) -> dict[str, Any]:
+    """Sources and flags of the build.ninja tvm-ffi writes for a load_inline module
+    (tvm_ffi/cpp/extension.py _generate_ninja_build)."""
+    variables: dict[str, str] = {}
+    compiles: list[tuple[str, str]] = []
+    for line in text.splitlines():
+        if match := _VARIABLE.match(line):
+            variables[match.group(1)] = match.group(2)
+        elif (match := _BUILD.match(line)) and match.group(2) in ("compile", "compile_cuda"):
+            compiles.append((match.group(2), match.group(3).replace("$:", ":")))
+    return {
+        "cuda_sources": [source for rule, source in compiles if rule == "compile_cuda"],
+        "cxx_sources": [source for rule, source in compiles if rule == "compile"],
+        "cuda_flags": shlex.split(variables.get("cuda_cflags", "")),
+        "cxx_flags": shlex.split(variables.get("cxxflags", "")),
+        "link_flags": shlex.split(variables.get("ldflags", "")),
+        "device_link": False,
+    }
 
+
+def sglang_kernels(call: str) -> list[tuple[str, dict[str, Any]]]:
+    """(module name, sources and flags) of each kernel module a sglang recipe loads:
+    sglang's own loader runs, and tvm-ffi writes the sources and build.ninja it would
+    compile; the compile and the load are what is left out."""
+    from tvm_ffi.cpp import extension
+
+    written: list[Path] = []
+    vars(extension).update(
+        build_ninja=lambda build_dir: written.append(Path(build_dir)),
+        load_module=lambda *args, **kwargs: None,  # nothing was built to load
+    )
+    major = int(os.environ["TVM_FFI_CUDA_ARCH_LIST"].split()[0].split(".")[0])
+    evaluate(call, major)
+    kernels = []
+    for build_dir in written:
+        ninja = (build_dir / "build.ninja").read_text()
+        (name,) = re.findall(r"^build (\S+)\.so: link ", ninja, re.M)
+        kernels.append((name, parse_tvm_ffi_ninja(ninja)))
+    return kernels
+
+
+def render(recipes: dict[str, str]) -> list[dict[str, Any]]:
     modules: dict[str, dict[str, Any]] = {}
     for recipe, call in recipes.items():
-        for spec in specs_of(call):
-            ninja = cpp_ext.generate_ninja_build_for_op(
-                spec.name,
-                spec.sources,
-                spec.extra_cflags,
-                spec.extra_cuda_cflags,
-                spec.extra_ldflags,
-                spec.extra_include_dirs,
-                spec.needs_device_linking,
-            )
-            module = {"name": spec.name, "recipe": recipe, **parse_ninja(ninja)}
-            previous = modules.get(spec.name)
+        for name, parts in _modules_of(call):
+            module = {"name": name, "recipe": recipe, **parts}
+            previous = modules.get(name)
             if previous is not None and {**previous, "recipe": recipe} != module:
-                raise SystemExit(f"JIT module {spec.name} is made two different ways")
-            modules.setdefault(spec.name, module)
+                raise SystemExit(f"JIT module {name} is made two different ways")
+            modules.setdefault(name, module)
     return sorted(modules.values(), key=lambda module: str(module["name"]))
+
+
+def _modules_of(call: str) -> list[tuple[str, dict[str, Any]]]:
+    if is_sglang_call(call):
+        return sglang_kernels(call)
+    from flashinfer.jit import cpp_ext
+
+    modules = []
+    for spec in specs_of(call):
+        ninja = cpp_ext.generate_ninja_build_for_op(
+            spec.name,
+            spec.sources,
+            spec.extra_cflags,
+            spec.extra_cuda_cflags,
+            spec.extra_ldflags,
+            spec.extra_include_dirs,
+            spec.needs_device_linking,
+        )
+        modules.append((spec.name, parse_ninja(ninja)))
+    return modules
 
 
 def main() -> None:

@@ -41,19 +41,33 @@ class Module:
 
 
 def render_modules(
-    sources: Path, recipes: dict[str, str], archs: list[Arch], toolkit: Toolkit
+    sources: Path,
+    recipes: dict[str, str],
+    archs: list[Arch],
+    toolkit: Toolkit,
+    sglang: Path | None = None,
 ) -> list[Module]:
-    """Ask the patched FlashInfer in `sources` what each recipe's modules consist of."""
+    """Ask the patched FlashInfer in `sources` (and, for sglang's own kernels, the patched
+    sglang in `sglang`) what each recipe's modules consist of."""
     env = {
         name: value
         for name, value in os.environ.items()
         # FlashInfer adds these to every module; a build must not depend on the shell's.
-        if not name.startswith(("FLASHINFER_", "CUDA_"))
+        # So do tvm-ffi's for sglang's kernels.
+        if not name.startswith(("FLASHINFER_", "CUDA_", "TVM_FFI_"))
         and name not in ("CC", "CXX", "PYTHONPATH", "MAX_JOBS")
     }
+    # sglang's load_jit sets TVM_FFI_CUDA_ARCH_LIST to the GPU's major.minor (utils.py
+    # _get_cuda_arch_list): plain sm_XY machine code, which runs on that major's later minors.
+    plain = dict.fromkeys(f"{arch.major}.{arch.minor}" for arch in archs)
     env.update(
         # The patched FlashInfer first; this package too, wherever it is imported from.
-        PYTHONPATH=os.pathsep.join([str(sources), str(Path(__file__).parents[2])]),
+        PYTHONPATH=os.pathsep.join(
+            [str(sources), *([str(sglang)] if sglang else []), str(Path(__file__).parents[2])]
+        ),
+        TVM_FFI_CUDA_ARCH_LIST=" ".join(plain),
+        TVM_FFI_CACHE_DIR=str(sources.parent / "workspace" / "tvm-ffi"),
+        TVM_FFI_GPU_BACKEND="cuda",
         FLASHINFER_CUDA_ARCH_LIST=" ".join(str(arch) for arch in archs),
         FLASHINFER_WORKSPACE_BASE=str(sources.parent / "workspace"),
         CUDA_HOME=str(toolkit.home),

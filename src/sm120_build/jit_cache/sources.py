@@ -68,24 +68,26 @@ _DATA_LINKS = {
 
 
 @contextmanager
-def at_fixed_path(flashinfer_tree: Path, inputs_digest: str) -> Iterator[Path]:
-    """The committed flashinfer tree, exported for the build's duration to a private
-    directory named after the inputs; builds of the same inputs take turns. FlashInfer's
-    generated sources are written beside it (workspace/), at a path as fixed as the tree's."""
+def at_fixed_path(tree: Path, inputs_digest: str) -> Iterator[Path]:
+    """The committed vendor tree (flashinfer, or sglang for its own kernels), exported for
+    the build's duration to a private directory named after the inputs; builds of the same
+    inputs take turns. Generated sources are written beside it (workspace/), at a path as
+    fixed as the tree's."""
     directory = SOURCE_ROOT / f"sm120-build-{inputs_digest[:16]}"
     _private_directory(directory)
-    sources = directory / "flashinfer"
+    sources = directory / tree.name
     workspace = directory / "workspace"
     with exclusive_lock(directory / "lock", "another build of the same inputs"):
         try:
             for leftover in (sources, workspace):
                 if leftover.exists():
                     shutil.rmtree(leftover)
-            export_tree(flashinfer_tree, sources)
-            data = sources / "flashinfer" / "data"
-            data.mkdir()
-            for name, target in _DATA_LINKS.items():
-                (data / name).symlink_to(Path("..", "..", target), target_is_directory=True)
+            export_tree(tree, sources)
+            if tree.name == "flashinfer":
+                data = sources / "flashinfer" / "data"
+                data.mkdir()
+                for name, target in _DATA_LINKS.items():
+                    (data / name).symlink_to(Path("..", "..", target), target_is_directory=True)
             yield sources
         finally:
             shutil.rmtree(sources, ignore_errors=True)

@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         "--install",
         type=Path,
         metavar="DIR",
-        help="first install DIR's FlashInfer wheels into this Python, each checked against "
+        help="first install DIR's wheels into this Python, each checked against "
         "DIR/SHA256SUMS (nox passes wheelhouse/); without it, what is installed is checked",
     )
     parser.add_argument(

@@ -1,4 +1,5 @@
-"""--install DIR: put a wheelhouse's wheels into the Python that runs the check, as checked.
+"""--install DIR: put a wheelhouse's three wheels into the Python that runs the check, as
+checked (without their dependencies, as the node recipe for an sglang environment does).
 
 Every wheel in DIR must match DIR/SHA256SUMS; the chosen ones are installed with pip's
 --require-hashes against those sums and --force-reinstall (an install of the same version
@@ -19,7 +20,8 @@ from pathlib import Path
 from ..errors import UserError
 from ..sums import SUMS_FILE, checked_wheels
 
-FLASHINFER = ("flashinfer-python", "flashinfer-jit-cache")
+# sglang too: patch 0003 is what loads its own kernels from the jit-cache wheel.
+OURS = ("flashinfer-python", "flashinfer-jit-cache", "sglang")
 
 
 def _name_and_version(wheel: Path) -> tuple[str, str]:
@@ -28,7 +30,7 @@ def _name_and_version(wheel: Path) -> tuple[str, str]:
     return re.sub(r"[-_.]+", "-", name).lower(), version
 
 
-def install_checked(wheelhouse: Path, projects: tuple[str, ...] = FLASHINFER) -> None:
+def install_checked(wheelhouse: Path, projects: tuple[str, ...] = OURS) -> None:
     wheels = checked_wheels(wheelhouse)
     chosen = {
         path: digest for path, digest in wheels.items() if _name_and_version(path)[0] in projects

@@ -1,0 +1,74 @@
+"""sglang's own JIT kernels (sglang/jit_kernel/): reached without importing the server.
+
+sglang 0.5.9 compiles RoPE, the KV-cache store and QK-norm with nvcc at first use
+(jit_kernel/utils.py load_jit -> tvm_ffi.cpp.load_inline). A recipe names one instantiation
+as "sglang.jit_kernel.<module>:<expression>", e.g.
+"sglang.jit_kernel.kvcache:_jit_kvcache_module(2048)": the module's own loader, called with
+the template arguments the serving path passes. The build renders it (jit_specs.py), the
+node check loads it (node/check.py), both through `evaluate`.
+
+`import sglang` runs the whole frontend (sglang/__init__.py) and `sglang.srt.utils` all of
+the server's utilities, with their dependencies (zmq, triton, starlette, ...); loading a
+kernel needs neither. So the packages above jit_kernel/ are entered as bare namespaces
+pointing at the same directories, and only the kernel modules themselves execute. Their
+one import from the server, register_custom_op (which registers the Python wrappers as
+torch custom ops for torch.compile, through the server's utilities), is taken as the plain
+function: the kernel modules and their loaders are what is built and checked.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+PREFIX = "sglang."
+# What load_jit names a kernel's module: "sgl_kernel_jit_" + its marker arguments.
+MODULE_PREFIX = "sgl_kernel_jit_"
+
+
+def is_sglang_call(call: str) -> bool:
+    return call.startswith(PREFIX)
+
+
+def _bare_packages(major: int) -> None:
+    """Enter sglang, sglang.srt and sglang.srt.utils as namespaces over the importable
+    sglang's directories, and make load_jit's PDL test answer for `major` (it asks the
+    current GPU, which a build machine does not have)."""
+    if "sglang.jit_kernel.utils" in sys.modules:
+        return
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("sglang is not importable")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    for name, directory in (
+        ("sglang", root),
+        ("sglang.srt", root / "srt"),
+        ("sglang.srt.utils", root / "srt" / "utils"),
+    ):
+        package = types.ModuleType(name)
+        package.__path__ = [str(directory)]
+        sys.modules[name] = package
+    custom_op = types.ModuleType("sglang.srt.utils.custom_op")
+    custom_op.register_custom_op = _plain_function  # type: ignore[attr-defined]
+    sys.modules[custom_op.__name__] = custom_op
+    utils = importlib.import_module("sglang.jit_kernel.utils")
+    # sglang's own rule (utils.py is_arch_support_pdl): PDL from compute capability 9.
+    utils.is_arch_support_pdl = lambda: major >= 9  # type: ignore[attr-defined]
+
+
+def _plain_function(fn: Any = None, **_: Any) -> Any:
+    """register_custom_op's two forms, @register_custom_op and @register_custom_op(...),
+    each giving back the function itself."""
+    return fn if fn is not None else (lambda function: function)
+
+
+def evaluate(call: str, major: int) -> Any:
+    """Evaluate a recipe's "<module>:<expression>" in that sglang kernel module."""
+    _bare_packages(major)
+    module_name, _, expression = call.partition(":")
+    namespace = vars(importlib.import_module(module_name))
+    return eval(expression, dict(namespace))  # recipes come from our own profiles.toml
