@@ -121,6 +121,18 @@ def test_a_cache_path_that_is_a_file_is_named(tmp_path: Path) -> None:
     assert "This is a bug" not in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_file_the_command_cannot_write_is_named(tmp_path: Path) -> None:
+    """An OSError with a file name (here: --json into a directory that does not exist) is
+    the user's to fix, not "a bug"."""
+    missing = tmp_path / "no-such-dir" / "report.json"
+
+    def write() -> int:
+        missing.write_text("{}")
+        return 0
+
+    assert exit_status(write, verbose=False) == 1
+
+
 def test_an_unexpected_failure_is_one_line_unless_verbose(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
