@@ -1,0 +1,539 @@
+"""verify_gpu's trtllm_comm checks: the installed AOT trtllm_comm kernels load without JIT
+and compute the right thing on this machine's GPUs.
+
+What runs: the allreduce fusion (one-shot lamport and two-shot, with and without PDL), the
+MoE finalize and MoE reduction fusions, the custom allreduce's lamport one-shot norm at 8
+tokens (patches 0001 and 0003), and a PDL race check (patch 0010): a producer kernel lets
+the fusion launch early, then writes residual_in late; a fusion that loads residual_in before
+its grid-dependency wait reads the stale buffer and fails the comparison.
+
+Run inside an environment that has torch and the wheelhouse's flashinfer-python and
+flashinfer-jit-cache installed, with FLASHINFER_DISABLE_JIT=1. One rank per GPU over NCCL;
+on a single GPU two ranks share it over gloo (CUDA IPC works between processes on one
+device). Every rank builds all ranks' inputs from fixed seeds, so the fp32 reference needs
+no communication and never goes through the kernels under test.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from .ranks import allreduce_fusion, free_port, init_ranks
+
+# Tolerances: |out - ref| <= atol + rtol * |ref|, against an fp32 reference.
+# bf16 keeps 8 significant bits (2^-8 ~ 3.9e-3 relative), fp16 11 bits (2^-11 ~ 4.9e-4);
+# outputs are rounded once from fp32 accumulation, so 2-4 ulps of headroom is ample while a
+# missed rank, a stale lamport buffer or a race is off by O(1).
+TOLERANCES = {"bfloat16": (1.6e-2, 1.6e-2), "float16": (2e-3, 2e-3)}
+
+
+MOE_TOP_K = 4
+MOE_REDUCTION_EXPERTS = 4
+CUSTOM_ALLREDUCE_TOKENS = 8  # at most 16 tokens and hidden >= 256 take the lamport kernel
+CASE_TIMEOUT = 60  # seconds; every case takes well under one
+
+# The PDL race check's producer, compiled by torch's own NVRTC (jiterator), so the node needs
+# no nvcc: each thread first lets dependent kernels launch, then waits 2 ms before it writes.
+PDL_PRODUCER = r"""
+template <typename T> T pdl_delayed_copy(T x) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < 2000000ull);
+  return x;
+}
+"""
+
+
+PATTERNS = (
+    "allreduce",
+    "residual_rmsnorm",
+    "moe_finalize",
+    "moe_reduction",
+    "custom_lamport_norm",
+    "pdl_race",
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    pattern: str  # one of PATTERNS
+    dtype: str
+    oneshot: bool
+    pdl: bool
+    tokens: int
+    hidden: int
+
+    @property
+    def name(self) -> str:
+        shot = "oneshot" if self.oneshot else "twoshot"
+        pdl = "pdl" if self.pdl else "nopdl"
+        return f"{self.pattern}/{self.dtype}/{shot}/{pdl}/t{self.tokens}/h{self.hidden}"
+
+
+@dataclass
+class Result:
+    case: str
+    rank: int
+    output: str
+    max_abs_error: float
+    max_allowed: float
+    passed: bool
+
+
+def default_cases(world_size: int) -> list[Case]:
+    cases = []
+    for hidden in (4096, 7168):
+        for tokens in (16, 1024):
+            for pattern in ("allreduce", "residual_rmsnorm"):
+                for dtype in ("bfloat16", "float16"):
+                    for oneshot in (True, False):
+                        if not oneshot and tokens <= world_size:
+                            continue  # two-shot needs more tokens than ranks
+                        for pdl in (True, False):
+                            cases.append(Case(pattern, dtype, oneshot, pdl, tokens, hidden))
+        # MoE finalize fusion (one-shot only): top-k gather, scale, shared expert, allreduce,
+        # residual add and RMSNorm in one kernel.
+        for tokens in (16, 256):
+            for dtype in ("bfloat16", "float16"):
+                for pdl in (True, False):
+                    cases.append(Case("moe_finalize", dtype, True, pdl, tokens, hidden))
+        # MoE reduction fusion (patch 0004's third launcher): per-token expert outputs scaled
+        # and summed, plus the FC2 output, allreduced, residual add and RMSNorm.
+        for tokens in (8, 64):
+            for dtype in ("bfloat16", "float16"):
+                for pdl in (True, False):
+                    cases.append(Case("moe_reduction", dtype, True, pdl, tokens, hidden))
+        for dtype in ("bfloat16", "float16"):
+            for pdl in (True, False):
+                cases.append(
+                    Case("custom_lamport_norm", dtype, True, pdl, CUSTOM_ALLREDUCE_TOKENS, hidden)
+                )
+            for oneshot in (True, False):
+                cases.append(Case("pdl_race", dtype, oneshot, True, 16, hidden))
+    return cases
+
+
+def _generator(case: Case, offset: int) -> Any:
+    """A torch generator seeded from the case's name (the same in every rank's process)
+    plus `offset`, one per kind of input."""
+    import torch
+
+    return torch.Generator().manual_seed((zlib.crc32(case.name.encode()) & 0xFFFF) + offset)
+
+
+def _inputs(case: Case, world_size: int) -> tuple[list[Any], Any, Any]:
+    import torch
+
+    def draw(offset: int, *shape: int) -> Any:
+        return torch.randn(*shape, generator=_generator(case, offset), dtype=torch.float32)
+
+    rows = case.tokens * (MOE_TOP_K if case.pattern == "moe_finalize" else 1)
+    shards = [draw(rank, rows, case.hidden) for rank in range(world_size)]
+    residual = draw(1000, case.tokens, case.hidden)
+    gamma = 1.0 + 0.1 * draw(2000, case.hidden)
+    return shards, residual, gamma
+
+
+def _bias(case: Case) -> Any:
+    """The custom allreduce's bias, added before the residual."""
+    import torch
+
+    return 0.1 * torch.randn(case.hidden, generator=_generator(case, 4000))
+
+
+def _moe_reduction_inputs(case: Case, rank: int) -> tuple[Any, Any, Any]:
+    """One rank's expert outputs [experts, tokens, hidden], their fp32 scales [experts,
+    tokens] and the FC2 output [tokens, hidden]."""
+    import torch
+
+    generator = _generator(case, 5000 + rank)
+    experts = torch.randn(MOE_REDUCTION_EXPERTS, case.tokens, case.hidden, generator=generator)
+    scales = torch.rand(MOE_REDUCTION_EXPERTS, case.tokens, generator=generator)
+    fc2 = torch.randn(case.tokens, case.hidden, generator=generator)
+    return experts, scales, fc2
+
+
+def _moe_reduction_reference(case: Case, rank: int) -> Any:
+    """One rank's reduction as the kernel computes it: each fp32 product rounded to the dtype
+    and accumulated in the dtype, then the FC2 output added in the dtype."""
+    import torch
+
+    dtype = getattr(torch, case.dtype)
+    experts, scales, fc2 = _moe_reduction_inputs(case, rank)
+    accumulator = torch.zeros(case.tokens, case.hidden, dtype=dtype)
+    for expert, scale in zip(experts, scales, strict=True):
+        term = (expert.to(dtype).float() * scale[:, None]).to(dtype)
+        accumulator = (accumulator.float() + term.float()).to(dtype)
+    return (accumulator.float() + fc2.to(dtype).float()).to(dtype).float()
+
+
+def _moe_routing(case: Case, world_size: int) -> list[tuple[Any, Any, Any]]:
+    """Per rank: a permutation of the expanded rows (some dropped as -1), expert scales
+    and a shared-expert output."""
+    import torch
+
+    routing = []
+    for rank in range(world_size):
+        generator = _generator(case, 3000 + rank)
+        rows = case.tokens * MOE_TOP_K
+        permuted = torch.randperm(rows, generator=generator).to(torch.int32)
+        permuted[torch.rand(rows, generator=generator) < 0.1] = -1  # dropped tokens
+        scales = torch.rand(case.tokens, MOE_TOP_K, generator=generator)
+        shared = torch.randn(case.tokens, case.hidden, generator=generator)
+        routing.append((permuted.view(case.tokens, MOE_TOP_K), scales, shared))
+    return routing
+
+
+def _moe_finalize_reference(case: Case, shard: Any, permuted: Any, scales: Any, shared: Any) -> Any:
+    """One rank's finalize as the kernel computes it: products rounded to the dtype and
+    accumulated in the dtype, then the shared expert output added."""
+    import torch
+
+    dtype = getattr(torch, case.dtype)
+    rows = shard.to(dtype).float()
+    scale = scales.to(dtype).float()
+    accumulator = torch.zeros(case.tokens, case.hidden, dtype=dtype)
+    for k in range(MOE_TOP_K):
+        index = permuted[:, k].long()
+        term = rows[index.clamp(min=0)] * scale[:, k : k + 1]
+        term[index < 0] = 0.0
+        accumulator = (accumulator.float() + term.to(dtype).float()).to(dtype)
+    return (accumulator.float() + shared.to(dtype).float()).to(dtype).float()
+
+
+def _reference(case: Case, world_size: int, eps: float) -> dict[str, Any]:
+    import torch
+
+    dtype = getattr(torch, case.dtype)
+    shards, residual, gamma = _inputs(case, world_size)
+    if case.pattern == "moe_finalize":
+        total = sum(
+            _moe_finalize_reference(case, shard, *routing)
+            for shard, routing in zip(shards, _moe_routing(case, world_size), strict=True)
+        )
+    elif case.pattern == "moe_reduction":
+        total = sum(_moe_reduction_reference(case, rank) for rank in range(world_size))
+    else:
+        # Round the inputs to the tested dtype first: the kernel sees these values.
+        total = sum(shard.to(dtype).float() for shard in shards)
+    if case.pattern == "allreduce":
+        return {"allreduce_out": total}
+    summed = total + residual.to(dtype).float()
+    if case.pattern == "custom_lamport_norm":
+        summed = summed + _bias(case).to(dtype).float()
+    variance = summed.pow(2).mean(dim=-1, keepdim=True)
+    normed = summed * torch.rsqrt(variance + eps) * gamma.to(dtype).float()
+    expected = {"residual_out": summed, "norm_out": normed}
+    if case.pattern == "moe_reduction":
+        expected["allreduce_out"] = total
+    return expected
+
+
+@dataclass
+class Workspaces:
+    """One hidden size's IPC workspaces: the allreduce fusion's and the custom allreduce's."""
+
+    fusion: Any
+    custom: list[list[int]]
+    custom_flag: int = 0  # the custom allreduce's barrier flag, one more per call
+
+
+def _run_case(
+    case: Case, rank: int, world_size: int, workspaces: Workspaces, eps: float
+) -> dict[str, Any]:
+    """Run one case on this rank; return its outputs (NaN where a kernel wrote nothing)."""
+    import torch
+    from flashinfer.comm import trtllm_ar
+
+    dtype = getattr(torch, case.dtype)
+    shards, residual, gamma = _inputs(case, world_size)
+    x = shards[rank].to(dtype).cuda()
+    residual_in = residual.to(dtype).cuda()
+    rms_gamma = gamma.to(dtype).cuda()
+    outputs = {
+        name: torch.full((case.tokens, case.hidden), float("nan"), dtype=dtype, device="cuda")
+        for name in ("allreduce_out", "residual_out", "norm_out")
+    }
+    if case.pattern == "moe_finalize":
+        permuted, scales, shared = _moe_routing(case, world_size)[rank]
+        trtllm_ar.trtllm_moe_finalize_allreduce_fusion(
+            allreduce_in=x,
+            residual_in=residual_in,
+            norm_weight=rms_gamma,
+            expanded_idx_to_permuted_idx=permuted.cuda(),
+            norm_out=outputs["norm_out"],
+            residual_out=outputs["residual_out"],
+            workspace_ptrs=workspaces.fusion,
+            launch_with_pdl=case.pdl,
+            world_rank=rank,
+            world_size=world_size,
+            eps=eps,
+            shared_expert_output=shared.to(dtype).cuda(),
+            expert_scale_factor=scales.to(dtype).cuda(),
+        )
+    elif case.pattern == "moe_reduction":
+        experts, expert_scales, fc2 = _moe_reduction_inputs(case, rank)
+        trtllm_ar.trtllm_moe_allreduce_fusion(
+            world_size=world_size,
+            world_rank=rank,
+            token_num=case.tokens,
+            hidden_dim=case.hidden,
+            workspace_ptrs=workspaces.fusion,
+            launch_with_pdl=case.pdl,
+            residual_in=residual_in,
+            rms_gamma=rms_gamma,
+            rms_eps=eps,
+            scale_factor=1.0,
+            moe_reduction_device_num_experts=MOE_REDUCTION_EXPERTS,
+            moe_reduction_scale_input=expert_scales.cuda(),
+            moe_reduction_active_experts_token_input=experts.to(dtype).cuda(),
+            moe_reduction_token_input=fc2.to(dtype).cuda(),
+            layout_code=None,
+            moe_allreduce_out=outputs["allreduce_out"],
+            residual_out=outputs["residual_out"],
+            norm_out=outputs["norm_out"],
+            quant_out=None,
+            scale_out=None,
+        )
+    elif case.pattern == "custom_lamport_norm":
+        workspaces.custom_flag += 1
+
+        def pointers(index: int) -> Any:
+            return torch.tensor(workspaces.custom[index], dtype=torch.int64)
+
+        trtllm_ar.trtllm_custom_all_reduce(
+            inp=x,
+            out=outputs["norm_out"],
+            tp_size=world_size,
+            tp_rank=rank,
+            token_num=case.tokens,
+            fusion_op_code=trtllm_ar.AllReduceFusionOp.RESIDUAL_RMS_NORM,
+            strategy_code=trtllm_ar.AllReduceStrategyType.ONESHOT,
+            config_code=0,
+            launch_with_pdl=case.pdl,
+            flag_value=workspaces.custom_flag,
+            peer_comm_buffer_ptrs=pointers(0),
+            peer_barrier_ptrs_in=pointers(2),
+            peer_barrier_ptrs_out=pointers(3),
+            bias=_bias(case).to(dtype).cuda(),
+            residual=residual_in,
+            weight=rms_gamma,
+            weight_pre_residual_norm=None,
+            eps=eps,
+            intermediate_buffer=outputs["residual_out"],
+            lamport_peer_comm_buffer_ptrs_0=pointers(4),
+            lamport_peer_comm_buffer_ptrs_1=pointers(5),
+            lamport_peer_comm_buffer_ptrs_2=pointers(6),
+        )
+    else:
+        if case.pattern == "pdl_race":
+            residual_in = _late_residual(residual_in)
+        fused = case.pattern != "allreduce"
+        allreduce_fusion(
+            x,
+            rank=rank,
+            world_size=world_size,
+            workspace=workspaces.fusion,
+            pdl=case.pdl,
+            use_oneshot=case.oneshot,
+            residual_in=residual_in if fused else None,
+            rms_gamma=rms_gamma if fused else None,
+            residual_out=outputs["residual_out"] if fused else None,
+            norm_out=outputs["norm_out"] if fused else None,
+            allreduce_out=None if fused else outputs["allreduce_out"],
+            eps=eps,
+        )
+    torch.cuda.synchronize()
+    return outputs
+
+
+def _late_residual(residual: Any) -> Any:
+    """A copy of `residual` that PDL_PRODUCER writes 2 ms after it let dependent kernels
+    launch, into memory that held NaN: whatever reads it before its grid-dependency wait
+    reads NaN. The NaN block is freed just before the copy is allocated, so torch's caching
+    allocator hands the same memory to the copy."""
+    import torch
+
+    _pdl_producer()(residual[:1])  # NVRTC compiles per dtype on first use: not in between
+    poisoned = torch.full_like(residual, float("nan"))
+    poisoned_at = poisoned.data_ptr()
+    del poisoned
+    late = _pdl_producer()(residual)
+    if late.data_ptr() != poisoned_at:
+        raise RuntimeError("pdl_race: the producer's output did not reuse the NaN block")
+    return late
+
+
+@functools.cache
+def _pdl_producer() -> Any:
+    import torch
+
+    return torch.cuda.jiterator._create_jit_fn(PDL_PRODUCER)
+
+
+def _hung(rank: int, case: Case) -> None:
+    print(
+        f"rank {rank}: {case.name} did not finish in {CASE_TIMEOUT} s (custom flag or lamport "
+        "buffers out of step between ranks, or a kernel that waits on a peer that never wrote)",
+        flush=True,
+    )
+    os._exit(3)
+
+
+def _run_rank(
+    rank: int, world_size: int, devices: int, port: int, cases: list[Case], results_path: str
+) -> None:
+    import torch.distributed as dist
+    from flashinfer.comm import trtllm_ar
+
+    group = init_ranks(rank, world_size, devices, port)
+    eps = 1e-6
+    results: list[Result] = []
+    for hidden in sorted({case.hidden for case in cases}):
+        max_tokens = max(case.tokens for case in cases if case.hidden == hidden)
+        handles, fusion = trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion(
+            rank, world_size, max_tokens, hidden, group=group
+        )
+        custom = trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce(
+            rank, world_size, CUSTOM_ALLREDUCE_TOKENS, hidden, group=group
+        )
+        workspaces = Workspaces(fusion, custom)
+        for case in (c for c in cases if c.hidden == hidden):
+            if rank == 0:
+                print(f"[{cases.index(case) + 1}/{len(cases)}] {case.name}", flush=True)
+            dist.barrier(group)
+            # A rank waiting on a peer that never writes spins forever: name the case and stop.
+            watchdog = threading.Timer(CASE_TIMEOUT, _hung, args=(rank, case))
+            watchdog.start()
+            outputs = _run_case(case, rank, world_size, workspaces, eps)
+            watchdog.cancel()
+            results += _compare(case, rank, outputs, world_size, eps)
+        dist.barrier(group)
+        trtllm_ar.trtllm_destroy_ipc_workspace_for_all_reduce(custom, group)
+        trtllm_ar.trtllm_destroy_ipc_workspace_for_all_reduce_fusion(handles, group)
+    Path(results_path).with_suffix(f".rank{rank}.json").write_text(
+        json.dumps([asdict(result) for result in results])
+    )
+    dist.destroy_process_group()
+
+
+def _compare(
+    case: Case, rank: int, outputs: dict[str, Any], world_size: int, eps: float
+) -> list[Result]:
+    import torch
+
+    rtol, atol = TOLERANCES[case.dtype]
+    results = []
+    for name, expected in _reference(case, world_size, eps).items():
+        got = outputs[name].float().cpu()
+        error = (got - expected).abs()
+        allowed = atol + rtol * expected.abs()
+        ok = bool(torch.isfinite(got).all()) and bool((error <= allowed).all())
+        results.append(
+            Result(
+                case.name, rank, name, float(error.nan_to_num(1e30).max()), float(allowed.max()), ok
+            )
+        )
+    return results
+
+
+def check_aot_load() -> tuple[str, float]:
+    """Load trtllm_comm with JIT disabled; return where it came from and how long it took."""
+    from flashinfer.comm import trtllm_ar
+    from flashinfer.jit.comm import gen_trtllm_comm_module
+
+    spec = gen_trtllm_comm_module()
+    started = time.perf_counter()
+    trtllm_ar.get_trtllm_comm_module()
+    elapsed = time.perf_counter() - started
+    return str(spec.aot_path), elapsed
+
+
+def verify_comm(world_size: int | None, patterns: list[str], json_path: Path | None) -> int:
+    """The trtllm_comm checks over ranks; returns how many rows failed (one more when the
+    module did not come from the jit-cache package)."""
+    import torch
+    import torch.multiprocessing as mp
+
+    devices = torch.cuda.device_count()
+    if devices == 0:
+        raise UserError("no CUDA GPU is visible: run this on a GPU node")
+    world_size = world_size or (2 if devices == 1 else devices)
+    names = {torch.cuda.get_device_name(d) for d in range(devices)}
+    capability = torch.cuda.get_device_capability(0)
+    print(
+        f"GPUs: {devices} x {', '.join(sorted(names))} (sm_{capability[0]}{capability[1]}); "
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}; world size {world_size}"
+    )
+
+    so_path, load_seconds = check_aot_load()
+    import flashinfer_jit_cache
+
+    from_package = Path(so_path).is_relative_to(flashinfer_jit_cache.get_jit_cache_dir())
+    print(
+        f"trtllm_comm: loaded from {so_path} in {load_seconds:.3f} s with JIT disabled "
+        f"({'inside' if from_package else 'OUTSIDE'} the flashinfer-jit-cache package)"
+    )
+
+    cases = [c for c in default_cases(world_size) if c.pattern in (patterns or PATTERNS)]
+    scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"verify_gpu-{os.getpid()}"
+    mp.spawn(
+        _run_rank,
+        args=(world_size, devices, free_port(), cases, str(scratch)),
+        nprocs=world_size,
+        join=True,
+    )
+    results = []
+    for rank in range(world_size):
+        path = scratch.with_suffix(f".rank{rank}.json")
+        results += [Result(**item) for item in json.loads(path.read_text())]
+        path.unlink()
+
+    # One row per (case, output): the worst error over the ranks.
+    rows: dict[tuple[str, str], list[Result]] = {}
+    for result in results:
+        rows.setdefault((result.case, result.output), []).append(result)
+    print(f"\n{'case':<52} {'output':<14} {'max |err|':>10} {'allowed':>9}  result")
+    failed = 0
+    for (case, output), per_rank in rows.items():
+        passed = all(r.passed for r in per_rank)
+        failed += not passed
+        error = max(r.max_abs_error for r in per_rank)
+        allowed = max(r.max_allowed for r in per_rank)
+        print(
+            f"{case:<52} {output:<14} {error:>10.2e} {allowed:>9.2e}  "
+            f"{'PASS' if passed else 'FAIL'}"
+        )
+    print(
+        f"\n{len(rows) - failed} passed, {failed} failed "
+        f"(each row checked on all {world_size} ranks); AOT load {load_seconds:.3f} s"
+    )
+    if json_path:
+        json_path.write_text(
+            json.dumps(
+                {
+                    "gpus": sorted(names),
+                    "devices": devices,
+                    "world_size": world_size,
+                    "torch": torch.__version__,
+                    "cuda": torch.version.cuda,
+                    "aot_so": so_path,
+                    "aot_load_seconds": load_seconds,
+                    "results": [asdict(r) for r in results],
+                },
+                indent=2,
+            )
+        )
+    return failed + (not from_package)

@@ -1,0 +1,82 @@
+"""Numerical checks of the serving path's modules (all but trtllm_comm, which node/verify.py
+checks over ranks), one family per file: each calls the module through FlashInfer's public
+API (or sglang's own kernel wrappers) as sglang 0.5.9 does, and compares with a reference
+written in plain torch, never through FlashInfer, on seeded inputs.
+
+A check is a function of the module names of its recipe that the wheel holds; it returns
+one Row per case. Tolerances are per dtype: |out - ref| <= atol + rtol * |ref|, stated with
+their reason where they are set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+PASS, FAIL, NOT_RUNNABLE = "PASS", "FAIL", "not runnable on this GPU"
+
+# bf16 keeps 8 significant bits (2^-8 ~ 3.9e-3 relative), fp16 11 (2^-11 ~ 4.9e-4); an
+# output rounded once from fp32 arithmetic is within half an ulp, and a few ulps of
+# headroom cover the different order of the sums. A wrong define, a wrong layout or stale
+# data is off by O(1).
+TOLERANCES = {"bfloat16": (1.6e-2, 1.6e-2), "float16": (2e-3, 2e-3), "float32": (1e-5, 1e-5)}
+
+
+@dataclass(frozen=True)
+class Row:
+    recipe: str
+    module: str
+    case: str
+    max_abs_error: float
+    max_allowed: float
+    status: str
+    caller: str  # where sglang 0.5.9 makes the call this case makes
+
+
+def compare(
+    recipe: str,
+    module: str,
+    case: str,
+    got: Any,
+    expected: Any,
+    tolerance: tuple[float, float],
+    caller: str,
+) -> Row:
+    """One row: every element within atol + rtol * |expected|, and nothing NaN."""
+    import torch
+
+    got, expected = got.float().cpu(), expected.float().cpu()
+    rtol, atol = tolerance
+    error = (got - expected).abs()
+    allowed = atol + rtol * expected.abs()
+    ok = got.shape == expected.shape and bool(torch.isfinite(got).all())
+    ok = ok and bool((error <= allowed).all())
+    return Row(
+        recipe,
+        module,
+        case,
+        float(error.nan_to_num(1e30).max()) if error.numel() else 0.0,
+        float(allowed.max()) if allowed.numel() else 0.0,
+        PASS if ok else FAIL,
+        caller,
+    )
+
+
+Check = Callable[[list[str]], list[Row]]
+
+
+def checks() -> dict[str, Check]:
+    """recipe -> its check (sglang's kernels go by their module names, serving/sglang.py).
+    Imported lazily: each family imports torch and FlashInfer."""
+    from . import attention, elementwise, fp4
+
+    return {
+        "attention": attention.check,
+        "cascade": elementwise.cascade,
+        "norm": elementwise.norm,
+        "rope": elementwise.rope,
+        "dsv3_fused_routing": elementwise.dsv3_routing,
+        "fp4_quantization_120": fp4.quantization,
+        "fp4_quantization_121": fp4.quantization,
+    }

@@ -1,0 +1,114 @@
+"""verify_gpu's plain-torch references, on CPU against hand-worked small cases, and its
+comparison failing on a wrong result. The SM12x-only checks (fp4) run first on an SM120 node:
+these tests are what stands behind their references until then."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the references are torch code (tests session)")
+
+from sm120_build.node.serving import FAIL, PASS, TOLERANCES, compare  # noqa: E402
+from sm120_build.node.serving.attention import reference  # noqa: E402
+from sm120_build.node.serving.elementwise import _grouped_topk, _merge, _rope_reference  # noqa: E402
+from sm120_build.node.serving.fp4 import reference_dequantized, round_to_e2m1, unpack  # noqa: E402
+
+
+def test_e2m1_rounds_to_nearest_ties_to_even_and_saturates() -> None:
+    x = torch.tensor([0.24, 0.25, 0.26, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, -0.75, -5.5])
+    want = [0.0, 0.0, 0.5, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, -1.0, -6.0]
+    assert round_to_e2m1(x).tolist() == want
+
+
+def test_nvfp4_reference_scales_each_block_by_its_amax() -> None:
+    block = torch.zeros(1, 16)
+    block[0, :3] = torch.tensor([12.0, 5.0, 1.0])  # amax 12: scale e4m3(2) = 2
+    assert reference_dequantized(block, 1.0)[0, :3].tolist() == [12.0, 4.0, 1.0]
+    exact = torch.tensor([[6.0, 3.0, 1.5, 0.5] + [0.0] * 12])  # amax 6: scale 1, all exact
+    assert torch.equal(reference_dequantized(exact, 1.0), exact)
+    # The global scale divides out again: 24 * (1/4) -> 6, back to 24.
+    assert reference_dequantized(exact * 4, 0.25)[0, :4].tolist() == [24.0, 12.0, 6.0, 2.0]
+
+
+def test_unpack_reads_low_nibble_first_and_the_e4m3_scale() -> None:
+    packed = torch.tensor([[0x21, 0x9F] + [0] * 6], dtype=torch.uint8)  # 16 values
+    scales = torch.tensor([[0x40]], dtype=torch.uint8)  # e4m3 0x40 = 2.0
+    values = unpack(packed, scales, 1.0)
+    assert values[0, :4].tolist() == [1.0, 2.0, -12.0, -1.0]
+
+
+def test_attention_reference_on_a_hand_worked_case() -> None:
+    """One query over two keys: logits 0 and 1*1/sqrt(2)... softmax by hand."""
+    q = torch.tensor([[[1.0, 0.0]]])  # [qo=1, heads=1, dim=2]
+    k = torch.tensor([[[0.0, 1.0]], [[2.0, 0.0]]])  # [kv=2, heads=1, dim=2]
+    v = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]])
+    scale = 0.5
+    weights = torch.tensor([math.exp(0.0), math.exp(2.0 * scale)])
+    weights /= weights.sum()
+    want = weights[0] * v[0] + weights[1] * v[1]
+    got = reference(q, k, v, causal=True, window=-1, cap=None, sm_scale=scale)
+    assert torch.allclose(got[0], want, atol=1e-6)
+    # A window of 0 lets the query (at position 1) see only key 1; causal with qo = kv
+    # would let the first query see key 0 alone.
+    assert torch.allclose(reference(q, k, v, True, 0, None, scale)[0], v[1], atol=1e-6)
+    two = torch.cat([q, q])
+    assert torch.allclose(reference(two, k, v, True, -1, None, scale)[0], v[0], atol=1e-6)
+    capped = reference(q, k, v, True, -1, 0.5, scale)[0]
+    weights = torch.tensor([1.0, math.exp(0.5 * math.tanh(1.0 / 0.5))])
+    assert torch.allclose(capped, (weights / weights.sum()) @ v[:, 0], atol=1e-6)
+
+
+def test_merging_attention_states_matches_one_softmax_over_both() -> None:
+    """Two halves of a softmax, merged by their base-2 log-sum-exp, give the whole."""
+    logits = torch.tensor([0.5, -1.0, 2.0, 0.25])
+    values = torch.tensor([[1.0], [2.0], [3.0], [4.0]])
+
+    def state(part: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        w = torch.softmax(logits[part], 0)
+        return (w[:, None] * values[part]).sum(0)[None], torch.logsumexp(logits[part], 0)[
+            None
+        ] / math.log(2)
+
+    (v_a, s_a), (v_b, s_b) = state(slice(0, 2)), state(slice(2, 4))
+    merged, lse = _merge(v_a, s_a, v_b, s_b)
+    whole = (torch.softmax(logits, 0)[:, None] * values).sum(0)
+    assert torch.allclose(merged[0], whole, atol=1e-6)
+    assert torch.allclose(lse, torch.logsumexp(logits, 0)[None] / math.log(2), atol=1e-6)
+
+
+def test_rope_reference_rotates_neox_halves() -> None:
+    q = torch.tensor([[1.0, 0.0, 0.0, 1.0]])  # one head of dim 4: halves (1,0) and (0,1)
+    angle = math.pi / 2
+    cos_sin = torch.tensor([[1.0, 1.0, 0.0, 0.0], [math.cos(angle), 1.0, math.sin(angle), 0.0]])
+    rotated = _rope_reference(q, torch.tensor([1]), cos_sin, 4)
+    # pair 0: (x0, x2) = (1, 0) turned by 90 degrees -> (0, 1); pair 1 (angle 0) unchanged.
+    assert torch.allclose(rotated, torch.tensor([[0.0, 0.0, 1.0, 1.0]]), atol=1e-6)
+
+
+def test_grouped_topk_keeps_the_best_groups_and_normalises() -> None:
+    scores = torch.full((1, 8), -10.0)
+    scores[0, [0, 1, 6]] = torch.tensor([3.0, 2.0, 4.0])  # groups of 2: {0,1} and {6,7} lead
+    weights, indices = _grouped_topk(
+        scores, torch.zeros(8), groups=4, top_groups=2, topk=2, scale=2.0
+    )
+    assert sorted(indices[0].tolist()) == [0, 6]
+    probabilities = torch.sigmoid(torch.tensor([3.0, 4.0]))
+    order = indices[0].tolist()
+    want = probabilities / probabilities.sum() * 2.0
+    assert torch.allclose(weights[0], want if order == [0, 6] else want.flip(0), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_comparison_fails_a_wrong_result_and_passes_the_right_one(dtype: str) -> None:
+    """Every check ends in compare(): a perturbed output, or one NaN, fails it."""
+    expected = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+    right = expected.to(getattr(torch, dtype))
+    assert compare("r", "m", "c", right, expected, TOLERANCES[dtype], "").status == PASS
+    wrong = right.clone()
+    wrong[3, 7] += 0.25  # one element off by a fraction of its scale
+    assert compare("r", "m", "c", wrong, expected, TOLERANCES[dtype], "").status == FAIL
+    poisoned = right.clone()
+    poisoned[0, 0] = float("nan")
+    assert compare("r", "m", "c", poisoned, expected, TOLERANCES[dtype], "").status == FAIL
