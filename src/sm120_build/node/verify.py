@@ -41,8 +41,11 @@ def module_archs(provenance: dict[str, Any]) -> dict[str, set[str]]:
     """module -> the archs (12.0a, 9.0, ...) its recorded compile commands target."""
     archs: dict[str, set[str]] = {}
     for argv in provenance["compile_commands"]:
-        output = argv[argv.index("-o") + 1]
-        module = re.sub(r"^CMakeFiles/([^/]+)\.dir/.*", r"\1", output)
+        # CMakeFiles/<module>.dir<source path, made symbolic>.o
+        match = re.match(r"CMakeFiles/(.+?)\.dir", argv[argv.index("-o") + 1])
+        if match is None:
+            continue
+        module = match.group(1)
         for flag in argv:
             if match := _GENCODE.match(flag):
                 archs.setdefault(module, set()).add(

@@ -73,6 +73,7 @@ def checks() -> dict[str, Check]:
 
     return {
         "attention": attention.check,
+        "attention_sample": attention.check,
         "cascade": elementwise.cascade,
         "norm": elementwise.norm,
         "rope": elementwise.rope,

@@ -1,0 +1,69 @@
+"""On a GPU: verify_gpu's checks fail when a module computes something wrong. Each module's
+public entry point is wrapped to perturb its output slightly (as a wrong define or a stale
+buffer would), the family's check runs, and every row must fail; then unwrapped, every row
+must pass. Not a test of the suite (it needs a GPU and the installed jit-cache)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import sys
+
+import flashinfer
+import flashinfer.norm
+import torch
+
+from sm120_build.node.serving import FAIL, PASS, attention, elementwise
+
+
+def perturbed(function, where):  # type: ignore[no-untyped-def]
+    def wrong(*args, **kwargs):  # type: ignore[no-untyped-def]
+        out = function(*args, **kwargs)
+        target = where(out, args)
+        flat = target.view(-1)
+        flat[flat.numel() // 3] += 0.5  # one element of thousands, off by half a unit
+        return out
+
+    return wrong
+
+
+provenance = json.loads(
+    importlib.metadata.distribution("flashinfer-jit-cache").read_text("sm120-build.json")
+)
+attention_modules = [m for m, r in provenance["modules"].items() if r.startswith("attention")]
+norm_modules = [m for m, r in provenance["modules"].items() if r == "norm"]
+failures = 0
+for label, owner, name, where, run in (
+    (
+        "norm rmsnorm",
+        flashinfer.norm,
+        "rmsnorm",
+        lambda out, args: out,
+        lambda: [r for r in elementwise.norm(norm_modules) if r.case.startswith("rmsnorm/")],
+    ),
+    (
+        "attention paged prefill",
+        flashinfer.BatchPrefillWithPagedKVCacheWrapper,
+        "run",
+        lambda out, args: out,
+        lambda: [r for r in attention.check(attention_modules) if r.case.startswith("paged")],
+    ),
+    (
+        "attention decode",
+        flashinfer.BatchDecodeWithPagedKVCacheWrapper,
+        "run",
+        lambda out, args: out,
+        lambda: [r for r in attention.check(attention_modules) if r.case.startswith("decode")],
+    ),
+):
+    original = getattr(owner, name)
+    setattr(owner, name, perturbed(original, where))
+    wrong = run()
+    setattr(owner, name, original)
+    right = run()
+    bad = sum(r.status == FAIL for r in wrong)
+    good = sum(r.status == PASS for r in right)
+    print(f"{label}: perturbed {bad}/{len(wrong)} rows FAIL; unperturbed {good}/{len(right)} PASS")
+    failures += (bad != len(wrong)) + (good != len(right))
+torch.cuda.synchronize()
+sys.exit(1 if failures else 0)
