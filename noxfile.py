@@ -15,16 +15,12 @@ from pathlib import Path
 
 import nox
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    import tomli as tomllib
-
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["build_wheels"]
 nox.options.reuse_existing_virtualenvs = True
 
 ROOT = Path(__file__).parent
+SRC = ROOT / "src"
 # Every Python that pyproject.toml's requires-python admits; the fast tests run on each.
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 
@@ -32,12 +28,12 @@ PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 def _tool_pins() -> dict[str, list[str]]:
     """The tool pins of pins.toml by table; a broken pins.toml stops nox with one line."""
     try:
-        data = tomllib.loads((ROOT / "pins.toml").read_text())
+        data = nox.project.load_toml(ROOT / "pins.toml")
         return {
             table: list(data[table]["requirements"])
             for table in ("build", "render", "test", "publish")
         }
-    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         sys.exit(f"nox: cannot read the tool pins in pins.toml ({type(exc).__name__}: {exc})")
 
 
@@ -64,7 +60,6 @@ def _pyenv_interpreters() -> None:
     os.environ["PYENV_VERSION"] = ":".join(dict.fromkeys([*current.split(":"), *versions]))
 
 
-_pyenv_interpreters()
 # One relocatable cache for everything large: sdists, the CUDA toolkit, built wheels, and
 # pip's own downloads (torch, flashinfer-cubin) made by any session.
 CACHE = Path(os.environ.get("SM120_CACHE_DIR", ROOT / ".cache")).resolve()
@@ -84,11 +79,28 @@ def _refuse_credentials(session: nox.Session) -> None:
         )
 
 
+def _asks_for_help(session: nox.Session) -> bool:
+    return any(arg in ("-h", "--help") for arg in session.posargs)
+
+
 def _install_tool(session: nox.Session, *extra: str) -> None:
     _refuse_credentials(session)
     session.env["SM120_CACHE_DIR"] = str(CACHE)
     session.env["PIP_CACHE_DIR"] = str(CACHE / "pip")
     session.install(".", *extra)
+
+
+def _sm120_build(session: nox.Session, command: str, *requirements: str) -> None:
+    """`sm120-build COMMAND` with the session's options, in the session's environment with
+    `requirements` installed. `-- --help` prints the command's help with nox's own Python
+    and this checkout's source, and installs nothing."""
+    if _asks_for_help(session):
+        session.run(
+            sys.executable, "-m", "sm120_build", command, "--help", env={"PYTHONPATH": str(SRC)}
+        )
+        return
+    _install_tool(session, *requirements)
+    session.run("sm120-build", command, *session.posargs)
 
 
 @nox.session
@@ -97,16 +109,20 @@ def vendor(session: nox.Session) -> None:
 
     -- --continue NAME: after a patch stopped the series and its refresh is committed in
     vendor/NAME, apply the rest of the series.
+    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
+    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
     """
-    _install_tool(session)
-    session.run("sm120-build", "vendor", *session.posargs)
+    _sm120_build(session, "vendor")
 
 
 @nox.session
 def export_patches(session: nox.Session) -> None:
-    """Regenerate patches/<name>/ from the commits in vendor/<name>/ (keeps headers)."""
-    _install_tool(session)
-    session.run("sm120-build", "export-patches", *session.posargs)
+    """Regenerate patches/<name>/ from the commits in vendor/<name>/ (keeps headers).
+
+    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
+    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
+    """
+    _sm120_build(session, "export-patches")
 
 
 @nox.session
@@ -117,9 +133,10 @@ def bump(session: nox.Session) -> None:
     Each patch is clean, offset, fuzz (refused), upstream, partly upstream, upstream in
     another form or a conflict, with keep/drop/refresh. --write updates pins.toml and drops
     the patches upstream carries; the rest are refreshed in vendor/.
+    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
+    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
     """
-    _install_tool(session, *BUILD_REQUIREMENTS)
-    session.run("sm120-build", "bump", *session.posargs)
+    _sm120_build(session, "bump", *BUILD_REQUIREMENTS)
 
 
 @nox.session
@@ -129,45 +146,52 @@ def audit_gates(session: nox.Session) -> None:
     Fails when an unwaived gate remains on the allreduce-fusion path. Options after --:
     --pristine (audit the unpatched upstream; traces each gate to its patch),
     --json FILE, --scope all (whole trees, report only).
+    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
+    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
     """
-    _install_tool(session, *BUILD_REQUIREMENTS)
-    session.run("sm120-build", "audit-gates", *session.posargs)
+    _sm120_build(session, "audit-gates", *BUILD_REQUIREMENTS)
 
 
 @nox.session
 def build_wheels(session: nox.Session) -> None:
     """Build the three wheels into wheelhouse/.
 
-    -- --profile comm|sglang-sm120   the FlashInfer modules to build ahead of time (profiles.toml)
+    -- --profile NAME                the modules to build ahead of time (profiles.toml; comm)
     -- --module NAME                 one module recipe more (repeatable)
-    -- --arch 12.0a [--arch 12.1a]   targets (default: the SM12x family, see README)
+    -- --arch 12.0f [--arch 9.0a]    targets (default: the SM12x family, see README)
     -- --cuda-home PATH              a system CUDA toolkit instead of the pinned pip one
+    -- --base-jit-cache WHEEL        keep another jit-cache wheel's modules (checked first)
+    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
+    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
     """
-    _install_tool(session, *COMPILE_REQUIREMENTS)
-    session.run("sm120-build", "build-wheels", *session.posargs)
+    _sm120_build(session, "build-wheels", *COMPILE_REQUIREMENTS)
 
 
 @nox.session
 def plan_shards(session: nox.Session) -> None:
     """Split a build over N machines: print which modules each shard compiles.
 
-    -- --shards N [--profile NAME] [--module NAME] [--arch ARCH] [--github-output FILE]
+    -- --shards N [--profile NAME] [--module NAME] [--arch ARCH] [--cuda-home PATH]
+       [--base-jit-cache WHEEL] [--github-output FILE]
     Balanced by ci/module-costs.json (nox -s bench refreshes it); every shard computes the
     same plan, so this is for people and CI matrices, not an input of build_shard.
+    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
+    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
     """
-    _install_tool(session, *COMPILE_REQUIREMENTS)
-    session.run("sm120-build", "plan-shards", *session.posargs)
+    _sm120_build(session, "plan-shards", *COMPILE_REQUIREMENTS)
 
 
 @nox.session
 def build_shard(session: nox.Session) -> None:
     """Compile shard I of N into shards/I-of-N/ (one machine of a sharded build).
 
-    -- --shard I/N, and the same --profile/--module/--arch/--cuda-home on every shard.
+    -- --shard I/N, and the same --profile/--module/--arch/--cuda-home/--base-jit-cache on
+    every shard.
     Point sccache at a shared backend with its own SCCACHE_* variables (README).
+    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
+    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
     """
-    _install_tool(session, *COMPILE_REQUIREMENTS)
-    session.run("sm120-build", "build-shard", *session.posargs)
+    _sm120_build(session, "build-shard", *COMPILE_REQUIREMENTS)
 
 
 @nox.session
@@ -176,9 +200,10 @@ def merge_shards(session: nox.Session) -> None:
 
     -- [--base-jit-cache WHEEL]. Refuses shards of different builds, a missing shard, or
     shards of another patch series than this checkout's.
+    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
+    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
     """
-    _install_tool(session, *BUILD_REQUIREMENTS)
-    session.run("sm120-build", "merge-shards", *session.posargs)
+    _sm120_build(session, "merge-shards", *BUILD_REQUIREMENTS)
 
 
 @nox.session
@@ -187,16 +212,27 @@ def publish(session: nox.Session) -> None:
 
     -- --repository-url URL --index-url URL   (or --repository NAME from ~/.pypirc)
     -- --static DIR                            PEP 503 tree for an air-gapped mirror
+    -- --timeout SECONDS                       give up on an index that does not answer
     Credentials: TWINE_USERNAME/TWINE_PASSWORD, a keyring, or ~/.pypirc. Never part of
     build_wheels.
+    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
+    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
     """
-    _install_tool(session, *PUBLISH_REQUIREMENTS)
-    session.run("sm120-build", "publish", *session.posargs)
+    _sm120_build(session, "publish", *PUBLISH_REQUIREMENTS)
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmark: cold build time by stage, no-op rebuild time, wheel sizes (not a test)."""
+    """Benchmark: cold build time by stage, no-op rebuild time, wheel sizes (not a test).
+
+    -- [--profile NAME] [--module NAME] [--arch ARCH] [--cuda-home PATH]
+       [--base-jit-cache WHEEL] [--sample N] [--shards N] [--verbose]
+    """
+    if _asks_for_help(session):
+        session.run(
+            sys.executable, "-m", "sm120_build.bench", "--help", env={"PYTHONPATH": str(SRC)}
+        )
+        return
     _install_tool(session, *COMPILE_REQUIREMENTS)
     session.run("python", "-m", "sm120_build.bench", *session.posargs)
 
@@ -219,12 +255,14 @@ def _run_on_this_node(session: nox.Session, module: str) -> None:
 
 @nox.session(venv_backend="none")
 def verify_gpu(session: nox.Session) -> None:
-    """Check wheelhouse/'s trtllm_comm on every local GPU; two ranks share a single GPU.
+    """Check that every module of the jit-cache wheel computes the right thing on this GPU.
 
     Runs in the Python environment nox itself runs from, which must hold torch (the one that
-    serves sglang: `python -m nox -s verify_gpu`). It installs wheelhouse/'s two FlashInfer
-    wheels there without dependencies, then checks them with FLASHINFER_DISABLE_JIT=1.
-    Options after --: --world-size N, --json FILE.
+    serves sglang: `python -m nox -s verify_gpu`). It installs wheelhouse/'s wheels there
+    without dependencies, each checked against SHA256SUMS, then checks them with
+    FLASHINFER_DISABLE_JIT=1; trtllm_comm over ranks (two share a single GPU).
+    -- [--module NAME] [--profile NAME] [--pattern PATTERN] [--world-size N] [--json FILE]
+       [--verbose]
     """
     _run_on_this_node(session, "sm120_build.node.verify")
 
@@ -234,11 +272,11 @@ def node_check(session: nox.Session) -> None:
     """Prove this node will not JIT-compile: load every module of the profile, prebuilt.
 
     Runs like verify_gpu, in the Python nox runs from (torch installed), after installing
-    wheelhouse/'s FlashInfer wheels there. Fails, naming the cause, when a module would be
-    JIT-compiled or does not load, when the jit-cache has no code for this GPU, or when the
-    two FlashInfer wheels come from different patch series.
-    Options after --: --arch 12.0 (no GPU here: check for that arch), --profile NAME
-    (default: the recipes the jit-cache wheel was built from), --json FILE.
+    wheelhouse/'s wheels there. Fails, naming the cause, when a module (FlashInfer's or
+    sglang's own) would be compiled or does not load, when the jit-cache has no code for
+    this GPU, or when the two FlashInfer wheels come from different patch series.
+    -- [--arch 12.0 (no GPU here: check for that arch)] [--profile NAME (default: the
+       recipes the jit-cache wheel was built from)] [--json FILE] [--verbose]
     """
     _run_on_this_node(session, "sm120_build.node.check")
 
@@ -249,8 +287,9 @@ def bench_gpu(session: nox.Session) -> None:
 
     Compares trtllm_allreduce_fusion with NCCL all_reduce followed by a separate residual add
     and RMSNorm. Runs like verify_gpu, in the Python nox runs from, after installing
-    wheelhouse/'s FlashInfer wheels there.
-    Options after --: --world-size N (repeatable), --replays N, --json FILE.
+    wheelhouse/'s wheels there. --launch-cost instead times each patch-0004 launcher's host
+    cost per eager call (one GPU is enough).
+    -- [--world-size N (repeatable)] [--replays N] [--launch-cost] [--json FILE] [--verbose]
     """
     _run_on_this_node(session, "sm120_build.node.bench_gpu")
 
@@ -260,9 +299,14 @@ def tests(session: nox.Session) -> None:
     """Run the test suite; pass pytest options after --, e.g. -- -m 'not slow'.
 
     Afterwards the fast tests run on every other Python the package claims (tests_fast).
+    -- [pytest options]
     """
+    if _asks_for_help(session):
+        session.log(tests.__doc__ or "")
+        return
     _install_tool(session, *COMPILE_REQUIREMENTS, *TEST_REQUIREMENTS, *PUBLISH_REQUIREMENTS)
     session.run("pytest", *session.posargs)
+    _pyenv_interpreters()  # so that nox finds python3.10 ... python3.13 for tests_fast
     this = f"{sys.version_info.major}.{sys.version_info.minor}"
     for version in PYTHONS:
         if version != this:
@@ -278,7 +322,13 @@ def tests_fast(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check, ruff format --check, mypy --strict on src/, actionlint on ci/github/."""
+    """ruff check, ruff format --check, mypy --strict on src/, actionlint on ci/github/.
+
+    Takes no options.
+    """
+    if _asks_for_help(session):
+        session.log(lint.__doc__ or "")
+        return
     session.install(*(r for r in TEST_REQUIREMENTS if r.startswith(("ruff", "mypy", "actionlint"))))
     session.install("-e", ".")
     session.run("ruff", "check", ".")

@@ -161,7 +161,9 @@ def test_profiles_select_default_profile_modules_and_both() -> None:
     assert list(profiles.select("comm", ["norm", "trtllm_comm"])) == ["trtllm_comm", "norm"]
     full = profiles.select("sglang-sm120", [])
     assert {"fused_moe_120", "fp4_gemm_cutlass_sm120", "attention", "trtllm_comm"} <= set(full)
-    with pytest.raises(UserError, match=r"no profile 'nope'.*known: comm, sglang-jit, sglang-sm120, verify-sm90"):
+    with pytest.raises(
+        UserError, match=r"no profile 'nope'.*known: comm, sglang-jit, sglang-sm120, verify-sm90"
+    ):
         profiles.select("nope", [])
     with pytest.raises(UserError, match=r"no module recipe 'nrom'"):
         profiles.select(None, ["nrom"])
