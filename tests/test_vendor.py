@@ -299,6 +299,39 @@ def test_export_refuses_duplicate_subjects(three_patches) -> None:
     assert {p.name: p.read_bytes() for p in series.iterdir()} == before
 
 
+def test_a_new_commit_whose_subject_makes_a_kept_patchs_name_is_refused(three_patches) -> None:
+    """`First!` inserted at the base, the three re-applied on top: four commits came out as
+    three patches (First! took 0001-first.patch, then first overwrote it), and a fresh
+    vendor then failed on 0001-first.patch."""
+    upstream, sdist, series, tree = three_patches
+    vendor_upstream(upstream, sdist, series, tree)
+    before = {p.name: p.read_bytes() for p in series.iterdir()}
+    state = read_state(tree)
+    assert state is not None
+    patches = git(tree, "rev-list", "--reverse", f"{state.base}..HEAD").stdout.split()
+    git(tree, "reset", "--quiet", "--hard", state.base)
+    commit_refresh(tree, "First!", "line 5", "LINE 5")
+    for commit in patches:
+        git(tree, "cherry-pick", "--quiet", "--allow-empty-message", commit)
+    with pytest.raises(UserError, match=r"same patch file name: 'First!', 'first'"):
+        export_patches(upstream, tree, series)
+    assert {p.name: p.read_bytes() for p in series.iterdir()} == before
+
+
+def test_an_export_that_would_not_rebuild_head_writes_nothing(three_patches) -> None:
+    """A change git diff cannot carry as text (a binary file) would be lost in the patch:
+    the exported series is applied to the pristine tree first, and must give HEAD."""
+    upstream, sdist, series, tree = three_patches
+    vendor_upstream(upstream, sdist, series, tree)
+    before = {p.name: p.read_bytes() for p in series.iterdir()}
+    (tree / "src" / "blob.bin").write_bytes(bytes(range(256)) * 4)
+    git(tree, "add", "src/blob.bin")
+    git(tree, "commit", "-qm", "Description: a binary file\nAuthor: me\nForwarded: no\n")
+    with pytest.raises(UserError, match=r"(?s)would not rebuild HEAD.*blob\.bin|does not apply"):
+        export_patches(upstream, tree, series)
+    assert {p.name: p.read_bytes() for p in series.iterdir()} == before
+
+
 def test_export_uses_each_old_name_once_and_never_overwrites_a_left_file(three_patches) -> None:
     upstream, sdist, series, tree = three_patches
     vendor_upstream(upstream, sdist, series, tree)

@@ -42,12 +42,20 @@ _SAFE_OPTIONS = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
 
 
 def git(
-    repo: Path, *args: str, check: bool = True, stdin: str | None = None
+    repo: Path,
+    *args: str,
+    check: bool = True,
+    stdin: str | None = None,
+    index: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """git in `repo`; with `index`, on that index file instead of the repository's own."""
+    env = git_environment(repo)
+    if index is not None:
+        env["GIT_INDEX_FILE"] = str(index)
     result = subprocess.run(
         ["git", *_SAFE_OPTIONS, *args],
         cwd=repo,
-        env=git_environment(repo),
+        env=env,
         input=stdin,
         capture_output=True,
         text=True,

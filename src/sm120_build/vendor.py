@@ -388,6 +388,32 @@ def _series_text(series_dir: Path) -> str:
     return series.read_text() if series.is_file() else ""
 
 
+def _check_reproduces_head(tree: Path, base: str, rendered: dict[str, str], label: str) -> None:
+    """Refuse an export whose patches, applied in order to the pristine tree, do not give the
+    vendor tree's HEAD exactly: whatever it would lose (a commit, a file git apply cannot
+    take) is named before anything is written."""
+    with tempfile.TemporaryDirectory(prefix="export-check-") as scratch:
+        index = Path(scratch) / "index"
+        git(tree, "read-tree", base, index=index)
+        for name, text in rendered.items():
+            patch = Path(scratch) / name
+            patch.write_text(text)
+            applied = git(tree, "apply", "--cached", str(patch), check=False, index=index)
+            if applied.returncode != 0:
+                raise UserError(
+                    f"{label}: the exported {name} does not apply on top of the ones before "
+                    f"it ({applied.stderr.strip()}); nothing was written to patches/"
+                )
+        written = git(tree, "write-tree", index=index).stdout.strip()
+    head = git(tree, "rev-parse", "HEAD^{tree}").stdout.strip()
+    if written != head:
+        lost = git(tree, "diff", "--stat", written, head).stdout.strip()
+        raise UserError(
+            f"{label}: the exported series would not rebuild HEAD; it would lose:\n{lost}\n"
+            "Nothing was written to patches/."
+        )
+
+
 def export_patches(upstream: Upstream, tree: Path, series_dir: Path) -> list[str]:
     """Regenerate series_dir from the commits above the pristine base in `tree`.
 
@@ -436,18 +462,29 @@ def export_patches(upstream: Upstream, tree: Path, series_dir: Path) -> list[str
             f"{label} has several commits with the subject {repeated[0]!r}; each patch needs "
             "its own subject (it names the patch file). Reword or squash them, then export."
         )
+    # Subjects that differ only in case, punctuation or past the 50th character make the
+    # same file name: one patch would take the other's file.
+    slugs = [patch_file_name(0, subject) for subject in subjects]
+    clashing = [s for s, slug in zip(subjects, slugs, strict=True) if slugs.count(slug) > 1]
+    if clashing:
+        raise UserError(
+            f"{label} has commits whose subjects make the same patch file name: "
+            f"{', '.join(repr(s) for s in clashing)}. Reword one of them, then export."
+        )
 
     by_subject = {patch.subject: patch.path.name for patch in current}
     reused = {by_subject[subject] for subject in subjects if subject in by_subject}
-    # A new file name must not overwrite a patch file that stays behind for another patch.
-    taken = {path.name for path in series_dir.glob("*.patch")} - reused
+    # A new file name must not take a name a kept patch keeps, nor overwrite a patch file
+    # that stays behind for another patch.
+    taken = {path.name for path in series_dir.glob("*.patch")} | reused
     rendered: dict[str, str] = {}
     for index, (commit, message, subject) in enumerate(
         zip(commits, messages, subjects, strict=True), start=1
     ):
-        name = by_subject.get(subject) or patch_file_name(index, subject)
+        own = by_subject.get(subject)
+        name = own or patch_file_name(index, subject)
         suffix = 1
-        while name not in reused and name in taken | set(rendered):
+        while own is None and name in taken | set(rendered):
             suffix += 1
             name = patch_file_name(index, subject, suffix)
         diff = git(
@@ -462,13 +499,17 @@ def export_patches(upstream: Upstream, tree: Path, series_dir: Path) -> list[str
             commit,
         ).stdout
         rendered[name] = render_patch(message, diff)
+    if len(rendered) != len(commits):
+        raise UserError(f"{label}: {len(commits)} commits gave {len(rendered)} patch files")
 
+    # Comment lines (such as bump's records of dropped patches) are kept, at the top.
+    comments = [line for line in _series_text(series_dir).splitlines() if line.startswith("#")]
+    series_text = "".join(f"{line}\n" for line in [*comments, *rendered])
+    _check_reproduces_head(tree, state.base, rendered, label)
     series_dir.mkdir(parents=True, exist_ok=True)
     for name, text in rendered.items():
         (series_dir / name).write_text(text)
-    # Comment lines (such as bump's records of dropped patches) are kept, at the top.
-    comments = [line for line in _series_text(series_dir).splitlines() if line.startswith("#")]
-    (series_dir / "series").write_text("".join(f"{line}\n" for line in [*comments, *rendered]))
+    (series_dir / "series").write_text(series_text)
     for name in sorted(set(old_names) - set(rendered)):
         say(
             f"patches/{tree.name}/{name} is no longer in the series; it is left in place. "
