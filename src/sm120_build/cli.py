@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
-from . import audit, bump, jit_cache, pins, pipeline, publish, toolkit, vendor
+from . import audit, bump, console, jit_cache, pins, pipeline, publish, toolkit, vendor
 from .cache import cache_lock, scratch_directory
 from .console import say
 from .errors import UserError, exit_status
 from .layout import CACHE_ENV, Layout, repo_root
-from .options import add_kernel_options, kernel_request
+from .options import add_glibc_baseline, add_kernel_options, kernel_request
 
 
 def _vendor(layout: Layout, args: argparse.Namespace) -> None:
@@ -58,7 +58,9 @@ def _build_shard(layout: Layout, args: argparse.Namespace) -> None:
 
 
 def _merge_shards(layout: Layout, args: argparse.Namespace) -> None:
-    pipeline.merge_shards(layout, pins.load(layout.pins_file), args.base_jit_cache)
+    pipeline.merge_shards(
+        layout, pins.load(layout.pins_file), args.base_jit_cache, args.glibc_baseline
+    )
 
 
 def _export_patches(layout: Layout, args: argparse.Namespace) -> None:
@@ -151,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     # Every sub-command takes --verbose, so `nox -s NAME -- --verbose` works.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--verbose", action="store_true", help="show the traceback of an unexpected error"
+        "--verbose",
+        action="store_true",
+        help="show the cache keys, the compiler's output, and the traceback of an unexpected error",
     )
     common.add_argument(
         "--force",
@@ -187,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="vendor, compile FlashInfer modules ahead of time and write the wheels to wheelhouse/",
     )
     add_kernel_options(sub)
+    add_glibc_baseline(sub)
     sub.set_defaults(run=_build_wheels, locks_cache=True)
 
     sub = commands.add_parser(
@@ -231,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="WHEEL",
         help="as for build-wheels: keep this jit-cache wheel's modules, except those built",
     )
+    add_glibc_baseline(sub)
     sub.set_defaults(run=_merge_shards, locks_cache=True)
 
     sub = commands.add_parser(
@@ -303,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    console.verbose = args.verbose
 
     def run() -> int:
         layout = Layout.from_root(repo_root())

@@ -7,6 +7,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+# Set by the command line's --verbose: detail() speaks only then.
+verbose = False
+
+
+def detail(message: str) -> None:
+    if verbose:
+        say(message)
+
 
 def say(message: str) -> None:
     print(f"sm120-build: {message}", file=sys.stderr, flush=True)

@@ -15,7 +15,9 @@ def kernel_request(layout: Layout, args: argparse.Namespace) -> KernelRequest:
     """--profile, --module, --arch and --cuda-home, checked before anything runs."""
     recipes = profiles.load(layout.profiles_file).select(args.profile, args.module or [])
     archs = [Arch.parse(text) for text in args.arch or DEFAULT_ARCHS]
-    return KernelRequest(recipes, archs, args.cuda_home, args.base_jit_cache)
+    return KernelRequest(
+        recipes, archs, args.cuda_home, args.base_jit_cache, getattr(args, "glibc_baseline", None)
+    )
 
 
 def add_kernel_options(parser: argparse.ArgumentParser) -> None:
@@ -50,4 +52,13 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
         help="start the jit-cache wheel from this jit-cache wheel (a .whl path, or "
         "'flashinfer-jit-cache==VERSION --hash=sha256:HEX' fetched through pip): its "
         "modules are kept, except those built here",
+    )
+
+
+def add_glibc_baseline(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--glibc-baseline",
+        metavar="X.Y",
+        help="refuse a jit-cache wheel whose binaries need a newer glibc than this (e.g. "
+        "2.28, the manylinux_2_28 promise), naming the symbols that need it",
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import audit, fetch, jit_cache, toolkit, vendor, wheels
 from .cache import cached_wheel, digest, files_digest, scratch_directory, store_wheel
-from .console import say
+from .console import say, step
 from .errors import UserError
 from .jit_cache import KernelRequest, Part, ShardSpec
 from .layout import Layout
@@ -87,7 +87,8 @@ def _python_wheel(
         upstream.name,
         version,
         pins.build_requirements,
-        files_digest([PACKAGE_DIR / "pipeline.py", PACKAGE_DIR / "wheels.py"]),
+        # The wheel command (wheels.py) and the tree export (gitrepo.py) shape it too.
+        files_digest([PACKAGE_DIR / n for n in ("pipeline.py", "wheels.py", "gitrepo.py")]),
     )
     entry = layout.cache / "artifacts" / upstream.name / key
     wheel = cached_wheel(entry, f"{upstream.project} {version}")
@@ -148,11 +149,14 @@ def _wheelhouse(
     parts: list[Part],
     base: str | None,
     lap: Callable[[str], None],
+    glibc_baseline: str | None = None,
 ) -> None:
     """The jit-cache wheel from `parts`, the two Python wheels, SHA256SUMS and
-    requirements.txt, into wheelhouse/ at once."""
+    requirements.txt, into wheelhouse/ at once; then what was written, and what to do next."""
     with scratch_directory(layout.cache, "final") as final_dir:
-        built = [jit_cache.assemble(layout, pins, parts, base, final_dir)]
+        with step("making the jit-cache wheel (auditwheel, provenance)"):
+            jit = jit_cache.assemble(layout, pins, parts, base, final_dir, glibc_baseline)
+        built = [jit]
         lap("jit-cache wheel")
         built.append(build_flashinfer_python(layout, pins, final_dir))
         lap("flashinfer-python wheel")
@@ -160,8 +164,18 @@ def _wheelhouse(
         lap("sglang wheel")
         wheels.assemble_wheelhouse(built, list(pins.companions.values()), layout.wheelhouse)
         lap("wheelhouse")
-    for wheel in built:
-        say(f"wheelhouse/{wheel.name}")
+    where = (
+        layout.wheelhouse.relative_to(layout.root)
+        if layout.wheelhouse.is_relative_to(layout.root)
+        else layout.wheelhouse
+    )
+    say(f"wrote {where}/:")
+    for name in [*(wheel.name for wheel in built), "SHA256SUMS", "requirements.txt"]:
+        say(f"  {name}")
+    say(
+        f"next: on a node, pip install --require-hashes --no-deps --find-links {where}/ "
+        f"-r {where}/requirements.txt, then nox -s node_check; or nox -s publish"
+    )
 
 
 class _Laps:
@@ -191,7 +205,7 @@ def build_wheels(layout: Layout, pins: Pins, request: KernelRequest) -> dict[str
     lap("gate audit")
     part = jit_cache.compile_part(layout, pins, request, cuda, source, jit_cache.WHOLE)
     lap("render + compile")
-    _wheelhouse(layout, pins, [part], request.base_jit_cache, lap)
+    _wheelhouse(layout, pins, [part], request.base_jit_cache, lap, request.glibc_baseline)
     return lap.seconds
 
 
@@ -218,7 +232,9 @@ def build_shard(layout: Layout, pins: Pins, request: KernelRequest, shard: Shard
     return written
 
 
-def merge_shards(layout: Layout, pins: Pins, base_jit_cache: str | None) -> None:
+def merge_shards(
+    layout: Layout, pins: Pins, base_jit_cache: str | None, glibc_baseline: str | None = None
+) -> None:
     """Assemble wheelhouse/ from every shard in shards/: the same bytes as one machine's
     build of the same request."""
     vendor_all(layout, pins)
@@ -235,4 +251,4 @@ def merge_shards(layout: Layout, pins: Pins, base_jit_cache: str | None) -> None
             "merge them in the checkout (same commit) that built them"
         )
     say(f"merging {len(parts)} shard(s), {sum(len(p.record['modules']) for p in parts)} modules")
-    _wheelhouse(layout, pins, parts, base_jit_cache, _Laps())
+    _wheelhouse(layout, pins, parts, base_jit_cache, _Laps(), glibc_baseline)

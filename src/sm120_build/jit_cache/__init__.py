@@ -24,7 +24,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import fetch, toolkit, vendor, wheels
+from .. import fetch, glibc, toolkit, vendor, wheels
 from ..cache import (
     cached_wheel,
     digest,
@@ -33,7 +33,7 @@ from ..cache import (
     sha256_of,
     store_wheel,
 )
-from ..console import say
+from ..console import detail, say
 from ..layout import Layout
 from ..pins import Pins
 from ..sglang_kernels import MODULE_PREFIX, is_sglang_call
@@ -76,6 +76,7 @@ class KernelRequest:
     archs: list[Arch]
     cuda_home: Path | None = None
     base_jit_cache: str | None = None  # a wheel path, or "NAME==VERSION --hash=sha256:HEX"
+    glibc_baseline: str | None = None  # refuse a jit-cache needing a newer glibc, e.g. "2.28"
 
 
 def check_paths(layout: Layout, request: KernelRequest) -> None:
@@ -140,6 +141,7 @@ def compile_part(
         costs.per_unit,
     )
     entry = layout.cache / "artifacts" / "jit-cache" / digest(build_key, shard.index)
+    detail(f"jit-cache build key {build_key}, entry {entry.name}; shared inputs {inputs}")
     what = f"flashinfer-jit-cache {jit_version}" + (
         f", shard {shard.index}/{shard.count}" if shard.count > 1 else ""
     )
@@ -178,6 +180,8 @@ def compile_part(
                 )
                 for module in share
             }
+            for name, key in keys.items():
+                detail(f"module {name}: key {key}")
             cached = module_cache.lookup(layout.built_modules, keys)
             if cached:
                 say(
@@ -242,6 +246,7 @@ def assemble(
     parts: list[Part],
     base_jit_cache: str | None,
     final_dir: Path,
+    glibc_baseline: str | None = None,
 ) -> Path:
     """The jit-cache wheel of every part's modules, with its provenance, over the base
     wheel if one is asked for. One machine's build is a single part; a sharded build's parts
@@ -274,6 +279,9 @@ def assemble(
             }
             say(f"kept {len(taken)} module(s) of {base.name}; ours replace the rest")
         platform_tag = wheels.manylinux_tag(wheel)
+        say(glibc.describe(platform_tag, wheel))
+        if glibc_baseline is not None:
+            glibc.check_baseline(wheel, glibc_baseline)
         return wheels.finalize_wheel(
             wheel, final_dir, provenance, platform_tag, label_contents=True
         )

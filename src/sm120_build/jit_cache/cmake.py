@@ -15,10 +15,13 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import sysconfig
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import console
 from ..console import step
 from ..errors import UserError
 from ..toolkit import Toolkit
@@ -172,6 +175,54 @@ def modules_cmake(modules: list[Module], toolkit: Toolkit) -> str:
     return "\n".join(lines) + "\n"
 
 
+# What would change the compiled bytes behind the build's back: compiler and linker flags
+# from the shell, nvcc's own environment hooks, another host compiler for nvcc, and CMake's
+# and scikit-build-core's settings. None of them is in a cache key, so none reaches the
+# compile: a module cached from one shell is the same module in another.
+_SCRUBBED = (
+    "CFLAGS",
+    "CXXFLAGS",
+    "CPPFLAGS",
+    "CUDAFLAGS",
+    "LDFLAGS",
+    "CUDAHOSTCXX",
+    "NVCC_APPEND_FLAGS",
+    "NVCC_PREPEND_FLAGS",
+    "NVCC_CCBIN",
+)
+_SCRUBBED_PREFIXES = ("CMAKE_", "SKBUILD_")
+# Compile jobs at once: FlashInfer's build budgets 8 GB per nvcc job (the CUTLASS units of
+# the fused MoE take that); more jobs than memory allows end in the kernel's OOM killer.
+MEMORY_PER_JOB = 8 << 30
+
+
+def compile_jobs(cpus: int, available: int) -> int:
+    return max(1, min(cpus, available // MEMORY_PER_JOB))
+
+
+def _available_memory() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return MEMORY_PER_JOB  # unknown: one job
+
+
+def compile_environment(base: Mapping[str, str], toolkit: Toolkit) -> dict[str, str]:
+    """The environment the kernel build runs in: `base` without what changes compiled bytes
+    unseen (_SCRUBBED), with the toolkit, and as many jobs as cores and memory allow (the
+    user's CMAKE_BUILD_PARALLEL_LEVEL, which changes no byte, is kept)."""
+    env = {
+        name: value
+        for name, value in base.items()
+        if name not in _SCRUBBED
+        and not (name.startswith(_SCRUBBED_PREFIXES) and name != "CMAKE_BUILD_PARALLEL_LEVEL")
+    }
+    env.update(CUDA_HOME=str(toolkit.home), CUDACXX=str(toolkit.nvcc))
+    jobs = compile_jobs(os.cpu_count() or 1, _available_memory())
+    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(jobs))
+    return env
+
+
 def build_jit_cache_wheel(
     *,
     sources: Path,
@@ -217,8 +268,7 @@ def build_jit_cache_wheel(
     command += ["--config-settings", f"build-dir={build_dir}"]
     for name, value in defines.items():
         command += ["--config-settings", f"cmake.define.{name}={value}"]
-    env = dict(os.environ, CUDA_HOME=str(toolkit.home), CUDACXX=str(toolkit.nvcc))
-    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
+    env = compile_environment(os.environ, toolkit)
     if launcher is not None:
         env.update(launcher.env)
     units = sum(module.units for module in modules)
@@ -228,15 +278,18 @@ def build_jit_cache_wheel(
         if modules
         else "making the jit-cache package (no module to compile)"
     )
+    log = scratch / "build.log"
     with step(doing):
         try:
-            result = subprocess.run(command, env=env)
+            returncode = _run_showing_progress(command, env, log)
         finally:
             if launcher is not None:
                 launcher.finish()
-    if result.returncode != 0:
+    if returncode != 0:
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-60:])
         raise UserError(
-            "the jit-cache build failed (its output is above). Nothing was added to wheelhouse/."
+            f"the jit-cache build failed; the end of its output:\n{tail}\n"
+            "(--verbose shows all of it as it runs.) Nothing was added to wheelhouse/."
         )
     wheels = sorted(out_dir.glob("flashinfer_jit_cache-*.whl"))
     if len(wheels) != 1:
@@ -247,6 +300,25 @@ def build_jit_cache_wheel(
         compile_commands=_recorded_commands(build_dir, sources, toolkit, sglang) if modules else [],
         compile_seconds=_compile_seconds(build_dir) if modules else {},
     )
+
+
+_PROGRESS = re.compile(r"^\s*\[\d+/\d+\] ")
+
+
+def _run_showing_progress(command: list[str], env: dict[str, str], log: Path) -> int:
+    """Run the wheel build, keeping all of its output in `log`: shown whole with --verbose,
+    else only ninja's [n/N] progress lines (CMake's compiler detection and the install
+    listing are noise unless something fails)."""
+    with log.open("w") as kept:
+        process = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert process.stdout is not None
+        for line in process.stdout:
+            kept.write(line)
+            if console.verbose or _PROGRESS.match(line):
+                print(line, end="", file=sys.stderr, flush=True)
+        return process.wait()
 
 
 def _compile_seconds(build_dir: Path) -> dict[str, float]:

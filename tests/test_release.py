@@ -1,0 +1,98 @@
+"""Release correctness: the glibc a wheel's binaries need is named and held to a baseline;
+the compile step's environment cannot change the bytes behind the cache's back; compile
+jobs fit the memory."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sm120_build.errors import UserError
+from sm120_build.glibc import check_baseline, describe, newest_glibc
+from sm120_build.jit_cache.cmake import MEMORY_PER_JOB, compile_environment, compile_jobs
+from sm120_build.toolkit import Toolkit
+from sm120_build.wheels import manylinux_tag
+
+from .conftest import zip_wheel
+
+
+def shared_object(tmp_path: Path, source: str) -> bytes:
+    (tmp_path / "f.c").write_text(source)
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-O1", "-o", str(tmp_path / "f.so"), str(tmp_path / "f.c")],
+        check=True,
+    )
+    return (tmp_path / "f.so").read_bytes()
+
+
+@pytest.fixture
+def newer_symbol_wheel(tmp_path: Path) -> Path:
+    """A wheel whose one .so calls pthread_create, which glibc 2.34 moved into libc
+    (pthread_create@GLIBC_2.34): built here, it needs glibc 2.34."""
+    data = shared_object(
+        tmp_path,
+        "#include <pthread.h>\n"
+        "static void *run(void *a) { return a; }\n"
+        "int start(void) { pthread_t t; return pthread_create(&t, 0, run, 0); }\n",
+    )
+    return zip_wheel(
+        tmp_path / "demo-1.0-py3-none-linux_x86_64.whl",
+        {
+            "demo/f.so": data,
+            "demo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
+            "demo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nTag: py3-none-linux_x86_64\n",
+        },
+    )
+
+
+def test_the_symbol_that_sets_the_tag_is_named(newer_symbol_wheel: Path) -> None:
+    version, needing = newest_glibc(newer_symbol_wheel)
+    assert version == (2, 34) and "pthread_create (f.so)" in needing
+    described = describe("manylinux_2_34_x86_64", newer_symbol_wheel)
+    assert described.endswith("glibc 2.34, needed by pthread_create (f.so)")
+
+
+@pytest.mark.slow
+def test_auditwheel_agrees_on_the_tag(newer_symbol_wheel: Path) -> None:
+    assert manylinux_tag(newer_symbol_wheel) == "manylinux_2_34_x86_64"
+
+
+def test_a_wheel_above_the_promised_baseline_is_refused(newer_symbol_wheel: Path) -> None:
+    with pytest.raises(
+        UserError, match=r"needs glibc 2\.34, above the promised 2\.28: pthread_create"
+    ):
+        check_baseline(newer_symbol_wheel, "2.28")
+    check_baseline(newer_symbol_wheel, "2.34")  # at the baseline: fine
+
+
+CUDA = Toolkit(Path("/opt/cuda"), (13, 0), "13.0.88", frozenset({"sm_120"}))
+
+
+def test_the_compile_step_never_sees_flags_that_would_change_its_bytes() -> None:
+    """NVCC_APPEND_FLAGS and the rest changed the binaries while no cache key saw them: a
+    module built in one shell was reused in another."""
+    shell = {
+        "PATH": "/usr/bin",
+        "NVCC_APPEND_FLAGS": "-DSOMETHING_ELSE",
+        "NVCC_PREPEND_FLAGS": "-O0",
+        "CXXFLAGS": "-O0",
+        "CUDAFLAGS": "-G",
+        "LDFLAGS": "-Wl,-z,lazy",
+        "CUDAHOSTCXX": "/usr/bin/clang++",
+        "CMAKE_ARGS": "-DCMAKE_CUDA_FLAGS=-G",
+        "SKBUILD_CMAKE_ARGS": "-DX=1",
+        "CMAKE_BUILD_PARALLEL_LEVEL": "3",
+    }
+    env = compile_environment(shell, CUDA)
+    assert env["PATH"] == "/usr/bin" and env["CUDACXX"] == "/opt/cuda/bin/nvcc"
+    for name in shell.keys() - {"PATH", "CMAKE_BUILD_PARALLEL_LEVEL"}:
+        assert name not in env, name
+    assert env["CMAKE_BUILD_PARALLEL_LEVEL"] == "3"  # parallelism changes no byte: kept
+
+
+def test_compile_jobs_fit_the_memory() -> None:
+    assert compile_jobs(16, 16 * MEMORY_PER_JOB) == 16
+    assert compile_jobs(4, 16 << 30) == 2  # a stock 16 GB runner: two CUTLASS units at once
+    assert compile_jobs(8, 1 << 30) == 1
