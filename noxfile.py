@@ -161,6 +161,7 @@ def build_wheels(session: nox.Session) -> None:
     -- --arch 12.0f [--arch 9.0a]    targets (default: the SM12x family, see README)
     -- --cuda-home PATH              a system CUDA toolkit instead of the pinned pip one
     -- --base-jit-cache WHEEL        keep another jit-cache wheel's modules (checked first)
+    -- --glibc-baseline X.Y          refuse a jit-cache wheel that needs a newer glibc
     Every sm120-build command also takes --verbose (the traceback of an unexpected error)
     and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
     """
@@ -181,6 +182,22 @@ def plan_shards(session: nox.Session) -> None:
     _sm120_build(session, "plan-shards", *COMPILE_REQUIREMENTS)
 
 
+@nox.session(venv_backend="none")
+def shard_matrix(session: nox.Session) -> None:
+    """The shard indices 1..N of a sharded build, for a CI matrix: installs nothing.
+
+    -- --shards N [--github-output FILE] [--verbose] [--force]
+    """
+    session.run(
+        sys.executable,
+        "-m",
+        "sm120_build",
+        "shard-matrix",
+        *session.posargs,
+        env={"PYTHONPATH": str(SRC)},
+    )
+
+
 @nox.session
 def build_shard(session: nox.Session) -> None:
     """Compile shard I of N into shards/I-of-N/ (one machine of a sharded build).
@@ -198,8 +215,9 @@ def build_shard(session: nox.Session) -> None:
 def merge_shards(session: nox.Session) -> None:
     """Assemble wheelhouse/ from all shards in shards/: the same bytes as build_wheels.
 
-    -- [--base-jit-cache WHEEL]. Refuses shards of different builds, a missing shard, or
-    shards of another patch series than this checkout's.
+    -- [--base-jit-cache WHEEL] [--glibc-baseline X.Y]. Refuses shards of different builds,
+    a missing or changed shard, or shards of another patch series than this checkout's; with
+    --glibc-baseline, a jit-cache wheel that needs a newer glibc (naming the symbols).
     Every sm120-build command also takes --verbose (the traceback of an unexpected error)
     and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
     """

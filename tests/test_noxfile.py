@@ -21,6 +21,7 @@ COMMANDS = {
     "build_wheels": ["-m", "sm120_build", "build-wheels"],
     "plan_shards": ["-m", "sm120_build", "plan-shards"],
     "build_shard": ["-m", "sm120_build", "build-shard"],
+    "shard_matrix": ["-m", "sm120_build", "shard-matrix"],
     "merge_shards": ["-m", "sm120_build", "merge-shards"],
     "publish": ["-m", "sm120_build", "publish"],
     "bench": ["-m", "sm120_build.bench"],

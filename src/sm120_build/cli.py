@@ -51,6 +51,17 @@ def _plan_shards(layout: Layout, args: argparse.Namespace) -> None:
             output.write(f"count={len(plan)}\n")
 
 
+def _shard_matrix(layout: Layout, args: argparse.Namespace) -> None:
+    if args.shards < 1:
+        raise UserError("--shards must be at least 1")
+    indices = list(range(1, args.shards + 1))
+    print(f"shards {indices}")
+    if args.github_output:
+        # A GitHub Actions job output: the matrix of shard indices and their count.
+        with args.github_output.open("a") as output:
+            output.write(f"indices={json.dumps(indices)}\ncount={args.shards}\n")
+
+
 def _build_shard(layout: Layout, args: argparse.Namespace) -> None:
     pipeline.build_shard(
         layout, pins.load(layout.pins_file), kernel_request(layout, args), args.shard
@@ -209,6 +220,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="append the shard indices and count as GitHub Actions outputs ($GITHUB_OUTPUT)",
     )
     sub.set_defaults(run=_plan_shards, locks_cache=True)
+
+    sub = commands.add_parser(
+        "shard-matrix",
+        parents=[common],
+        help="the shard indices 1..N for a CI matrix, without rendering or installing "
+        "anything (each build-shard computes and checks the plan itself)",
+    )
+    sub.add_argument("--shards", type=int, required=True, metavar="N", help="build machines")
+    sub.add_argument(
+        "--github-output",
+        type=Path,
+        metavar="FILE",
+        help="append the shard indices and count as GitHub Actions outputs ($GITHUB_OUTPUT)",
+    )
+    sub.set_defaults(run=_shard_matrix, locks_cache=False)
 
     sub = commands.add_parser(
         "build-shard",
