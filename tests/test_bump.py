@@ -6,13 +6,22 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
-from sm120_build.bump import Candidate, PatchVerdict, classify_series, write
+from sm120_build.bump import (
+    Candidate,
+    GateSummary,
+    PatchVerdict,
+    classify_series,
+    pin_set_problems,
+    verdict,
+    write,
+)
 from sm120_build.gitrepo import git
 from sm120_build.patches import read_patch
 from sm120_build.pins import load as load_pins
 
-from .conftest import HEADER
+from .conftest import HEADER, REPO
 
 LINES = [f"line {n}" for n in range(1, 41)]
 
@@ -117,7 +126,7 @@ def test_upstream_in_another_form(tree, tmp_path: Path) -> None:
     root = tree(rewritten)
     patch = patch_file(tmp_path, "p", {"a.txt": [hunk("a.txt", LINES, 10, "LINE 11")]})
     (result,) = verdict_of(root, patch)
-    assert (result.verdict, result.action) == ("upstream in another form", "drop")
+    assert (result.verdict, result.action) == ("upstream in another form", "review")
 
 
 def test_conflict_lists_every_failing_hunk_and_file(tree, tmp_path: Path) -> None:
@@ -203,3 +212,92 @@ def test_write_moves_the_pin_and_drops_what_upstream_carries(tmp_path: Path) -> 
     )
     assert not (series / "0002-fixed-upstream.patch").exists()
     assert len(done) == 2
+
+
+def test_a_different_fix_upstream_is_kept_for_review_never_deleted(tmp_path: Path) -> None:
+    """A patch capped the FP4 cluster at 4 where the candidate caps it at 8: "none of the
+    lines it removes is left" is evidence of change, not of equivalence. --write used to
+    delete it."""
+    pins_file = tmp_path / "pins.toml"
+    pins_file.write_text(
+        '[upstream.demo]\nproject = "demo"\nversion = "1.0"\nsdist = "demo-1.0.tar.gz"\n'
+        f'sha256 = "{"0" * 64}"\ngit_url = ""\ngit_tag = "v1.0"\ngit_commit = "abc"\n\n'
+        '[toolkit]\nrequirement = "cuda-toolkit==13.0.2"\n'
+    )
+    series = tmp_path / "patches" / "demo"
+    series.mkdir(parents=True)
+    (series / "0001-cap-at-4.patch").write_text(HEADER.format(subject="cap at 4") + "\n")
+    (series / "0002-fixed-in-1-1.patch").write_text(
+        HEADER.format(subject="fixed") + "Applied-Upstream: 1.1, PR 99\n\n"
+    )
+    (series / "series").write_text("0001-cap-at-4.patch\n0002-fixed-in-1-1.patch\n")
+    pins = load_pins(pins_file)
+    moved = replace(pins.upstreams["demo"], version="1.1", sdist="demo-1.1.tar.gz")
+    another_form = "upstream in another form"
+    verdicts = [
+        PatchVerdict("0001-cap-at-4.patch", another_form, "review", []),
+        PatchVerdict("0002-fixed-in-1-1.patch", another_form, "review", []),
+    ]
+    write([Candidate(moved, verdicts)], pins, pins_file, tmp_path / "patches", tmp_path)
+    assert (series / "0001-cap-at-4.patch").is_file()
+    lines = (series / "series").read_text().splitlines()
+    assert lines[0].startswith("# REVIEW 0001-cap-at-4.patch: upstream in another form")
+    assert lines[1] == "0001-cap-at-4.patch"
+    # Its header names the release that carries it: dropped on that proof.
+    assert lines[2].startswith("# 0002-fixed-in-1-1.patch: dropped")
+    assert not (series / "0002-fixed-in-1-1.patch").exists()
+
+
+def test_an_add_only_hunk_already_upstream_is_upstream_not_offset(tree, tmp_path: Path) -> None:
+    """A hunk that only adds lines still applies forward when upstream has them already
+    (and would add them twice): it reverse-applies, so it is upstream."""
+    added = [*LINES[:10], "ADDED", *LINES[10:]]
+    root = tree(added)
+    body = "".join(f" {line}\n" for line in LINES[7:10]) + "+ADDED\n"
+    body += "".join(f" {line}\n" for line in LINES[10:13])
+    patch = patch_file(tmp_path, "p", {"a.txt": ["@@ -8,6 +8,7 @@\n" + body]})
+    (result,) = verdict_of(root, patch)
+    assert [h.verdict for h in result.hunks] == ["upstream"]
+    assert (result.verdict, result.action) == ("upstream", "drop")
+    assert (root / "a.txt").read_text().count("ADDED") == 1  # not applied a second time
+
+
+def test_a_conflict_says_where_the_context_went(tree, tmp_path: Path) -> None:
+    drifted = [f"new {n}" for n in range(5)] + list(LINES)
+    drifted[5 + 9] = "line 10 (changed upstream)"
+    root = tree(drifted)
+    patch = patch_file(tmp_path, "p", {"a.txt": [hunk("a.txt", LINES, 10, "LINE 11")]})
+    (result,) = verdict_of(root, patch)
+    (failing,) = result.failing
+    assert "'line 8' is at a.txt:13" in failing.detail
+    assert "expects 'line 10', the candidate has 'line 10 (changed upstream)'" in failing.detail
+
+
+def test_the_exit_status_carries_the_verdict() -> None:
+    demo = load_pins(REPO / "pins.toml").upstream("flashinfer")
+    clean = Candidate(
+        demo, [PatchVerdict("a", "clean", "keep", []), PatchVerdict("b", "upstream", "drop", [])]
+    )
+    assert verdict([clean], [])[0] == 0
+    refresh = Candidate(demo, [PatchVerdict("a", "conflict", "refresh", [])])
+    assert verdict([refresh], [])[0] == 1
+    gated = Candidate(demo, [], audit=GateSummary([], {}, [], gates=2))
+    assert verdict([gated], [])[0] == 1
+    assert verdict([clean], ["sglang 0.5.10 requires flashinfer-python==0.6.7.post2"])[0] == 2
+
+
+def test_an_incoherent_pin_set_names_the_pair_to_ask_for() -> None:
+    """sglang 0.5.10 pins flashinfer_python==0.6.7.post2: asking for sglang alone used to
+    write sglang 0.5.10 beside FlashInfer 0.6.3 and exit 0."""
+    pins = load_pins(REPO / "pins.toml")
+    sglang = replace(pins.upstream("sglang"), version="0.5.10")
+    candidate = Candidate(
+        sglang, requires={"flashinfer-python": Requirement("flashinfer_python==0.6.7.post2")}
+    )
+    (problem,) = pin_set_problems([candidate], pins, {})
+    assert problem.endswith("ask for: sglang==0.5.10 flashinfer-python==0.6.7.post2")
+    # The other way round, from the pinned sglang's own metadata (no vendor tree needed).
+    flashinfer = Candidate(replace(pins.upstream("flashinfer"), version="0.6.4"))
+    pinned = {"flashinfer-python": Requirement("flashinfer_python==0.6.3")}
+    assert pin_set_problems([flashinfer], pins, pinned)
+    assert not pin_set_problems([Candidate(pins.upstream("flashinfer"))], pins, pinned)

@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import sys
+import tarfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -28,7 +29,7 @@ from .console import say
 from .errors import UserError
 from .fetch import FETCH_TIMEOUT, pip_download
 from .gitrepo import git
-from .patches import Hunk, Patch, hunks_of, load_series
+from .patches import Hunk, Patch, hunks_of, load_series, parse_dep3
 from .pins import Pins, Upstream
 from .vendor import make_pristine_tree
 
@@ -39,7 +40,8 @@ ACTIONS = {
     "fuzz": "refresh",
     "upstream": "drop",
     "partly upstream": "refresh",
-    "upstream in another form": "drop",
+    # Evidence of change, not of equivalence: kept, for a maintainer to review.
+    "upstream in another form": "review",
     "conflict": "refresh",
 }
 
@@ -72,6 +74,7 @@ class GateSummary:
     lines: list[str]
     report: dict[str, object]
     missing_scope: list[str]
+    gates: int = 0  # in scope, unwaived
 
 
 @dataclass
@@ -80,6 +83,7 @@ class Candidate:
     patches: list[PatchVerdict] = field(default_factory=list)
     related: list[str] = field(default_factory=list)
     audit: GateSummary | None = None
+    requires: dict[str, Requirement] = field(default_factory=dict)  # its sdist's Requires-Dist
 
 
 def _apply(tree: Path, patch_text: str, *options: str) -> subprocess.CompletedProcess[str]:
@@ -94,13 +98,15 @@ def classify_hunk(tree: Path, hunk: Hunk) -> HunkVerdict:
     """How one hunk meets the tree: applies (at an offset), only with fuzz, already there,
     there in another form, or not at all."""
     text = hunk.as_patch()
+    # Reverse first: a hunk that only adds lines still applies forward when upstream already
+    # has them (and would add them twice); that it reverse-applies is the proof.
+    if _apply(tree, text, "--check", "--reverse").returncode == 0:
+        return HunkVerdict(hunk.file, hunk.header, "upstream")
     forward = _apply(tree, text, "--check")
     if forward.returncode == 0:
         offset = _OFFSET.search(forward.stderr + forward.stdout)
         moved = int(offset.group(1)) if offset else 0
         return HunkVerdict(hunk.file, hunk.header, "offset" if moved else "clean", moved)
-    if _apply(tree, text, "--check", "--reverse").returncode == 0:
-        return HunkVerdict(hunk.file, hunk.header, "upstream")
     if _apply(tree, text, "--check", "-C1").returncode == 0:
         return HunkVerdict(hunk.file, hunk.header, "fuzz", detail="applies with 1 line of context")
     target = tree / hunk.file
@@ -116,8 +122,28 @@ def classify_hunk(tree: Path, hunk: Hunk) -> HunkVerdict:
             "upstream in another form",
             detail="none of the lines it removes is in the file any more",
         )
-    failure = next((line for line in forward.stderr.splitlines() if line.startswith("error:")), "")
-    return HunkVerdict(hunk.file, hunk.header, "conflict", detail=failure.removeprefix("error: "))
+    return HunkVerdict(hunk.file, hunk.header, "conflict", detail=_where_it_differs(hunk, target))
+
+
+def _where_it_differs(hunk: Hunk, target: Path) -> str:
+    """Where the hunk's nearest context now lives in the candidate file, and the first line
+    there that differs from what the hunk expects."""
+    expected = [line[1:] for line in hunk.text.splitlines()[1:] if line[:1] in (" ", "-")]
+    lines = target.read_text(errors="replace").splitlines()
+    for offset, line in enumerate(expected):
+        if not re.search(r"\w{3}", line) or line not in lines:
+            continue
+        at = lines.index(line)
+        start = at - offset
+        for step, want in enumerate(expected):
+            found = lines[start + step] if 0 <= start + step < len(lines) else "<end of file>"
+            if found != want:
+                return (
+                    f"context {line.strip()[:50]!r} is at {hunk.file}:{at + 1}; at line "
+                    f"{start + step + 1} the hunk expects {want.strip()[:60]!r}, the candidate "
+                    f"has {found.strip()[:60]!r}"
+                )
+    return f"none of the hunk's context lines is in the candidate's {hunk.file}"
 
 
 def _patch_verdict(hunks: list[HunkVerdict]) -> str:
@@ -143,7 +169,8 @@ def classify_patch(tree: Path, patch: Patch) -> PatchVerdict:
     """Classify `patch` on `tree`, then apply what of it applies (fuzz included)."""
     hunks = hunks_of(patch.diff)
     whole = _apply(tree, patch.diff, "--check")
-    if whole.returncode == 0:
+    already = [_apply(tree, h.as_patch(), "--check", "--reverse").returncode == 0 for h in hunks]
+    if whole.returncode == 0 and not any(already):
         # Offsets come per hunk, in order, for those that moved.
         report = iter(_per_hunk_offsets(whole.stderr + whole.stdout, hunks))
         verdicts = [
@@ -243,7 +270,7 @@ def fetch_candidate(upstream: Upstream, version: str, scratch: Path) -> Path:
 def _git_commit(tree: Path) -> str:
     """The upstream commit a release records: FlashInfer's _build_meta, sglang's _version."""
     for path, pattern in (
-        ("flashinfer/_build_meta.py", r'__git_version__ = "([0-9a-f]+)"'),
+        ("flashinfer/_build_meta.py", r'__git_(?:version|commit)__ = "([0-9a-f]+)"'),
         ("sglang/_version.py", r"commit_id\s*[:=][^'\"]*['\"]g?([0-9a-f]+)['\"]"),
         ("python/sglang/_version.py", r"commit_id\s*[:=][^'\"]*['\"]g?([0-9a-f]+)['\"]"),
     ):
@@ -254,13 +281,9 @@ def _git_commit(tree: Path) -> str:
     return ""
 
 
-def _requires(tree: Path) -> dict[str, Requirement]:
-    """The sdist's own Requires-Dist (PKG-INFO), by canonical name."""
-    pkg_info = tree / "PKG-INFO"
+def _parse_requires(pkg_info: str) -> dict[str, Requirement]:
     requirements: dict[str, Requirement] = {}
-    if not pkg_info.is_file():
-        return requirements
-    for line in pkg_info.read_text(errors="replace").splitlines():
+    for line in pkg_info.splitlines():
         if line.startswith("Requires-Dist:"):
             try:
                 requirement = Requirement(line.split(":", 1)[1].strip())
@@ -268,6 +291,19 @@ def _requires(tree: Path) -> dict[str, Requirement]:
                 continue
             requirements[canonicalize_name(requirement.name)] = requirement
     return requirements
+
+
+def sdist_requires(sdist: Path) -> dict[str, Requirement]:
+    """An sdist's own Requires-Dist (its top-level PKG-INFO), by canonical name: read from
+    the archive, never by running anything, and the same in a fresh clone as anywhere."""
+    with tarfile.open(sdist) as archive:
+        for member in archive.getmembers():
+            parts = member.name.split("/")
+            if len(parts) == 2 and parts[1] == "PKG-INFO" and member.isfile():
+                stream = archive.extractfile(member)
+                assert stream is not None
+                return _parse_requires(stream.read().decode(errors="replace"))
+    return {}
 
 
 def _index_versions(project: str) -> list[str]:
@@ -282,37 +318,25 @@ def _index_versions(project: str) -> list[str]:
 
 
 def related_pins(
-    candidate: Upstream, tree: Path, pins: Pins, vendor_root: Path, others: dict[str, Upstream]
+    candidate: Upstream,
+    requires: dict[str, Requirement],
+    pins: Pins,
+    others: dict[str, Upstream],
+    pinned_sglang_requires: dict[str, Requirement],
 ) -> list[str]:
     """What else must move with the candidate: the FlashInfer sglang requires, the cubin
-    companion, and the git reference."""
+    companion, and the git reference (pin_set_problems decides whether the set holds)."""
     lines = [f"git_tag {candidate.git_tag}, git_commit {candidate.git_commit or '(not recorded)'}"]
-    flashinfer = others.get("flashinfer", pins.upstreams.get("flashinfer"))
-    sglang = others.get("sglang", pins.upstreams.get("sglang"))
-    if candidate.name == "sglang" and flashinfer is not None:
-        wanted = _requires(tree).get("flashinfer-python")
-        if wanted is not None:
-            ok = wanted.specifier.contains(flashinfer.version, prereleases=True)
-            lines.append(
-                f"sglang {candidate.version} requires {wanted}; flashinfer is "
-                f"{flashinfer.version}: " + ("fine" if ok else "flashinfer-python must move too")
-            )
-        cubin = _requires(tree).get("flashinfer-cubin")
-        if cubin is not None:
-            lines.append(f"sglang {candidate.version} requires {cubin} on the nodes")
+    if candidate.name == "sglang":
+        for name in ("flashinfer-python", "flashinfer-cubin"):
+            if name in requires:
+                lines.append(f"sglang {candidate.version} requires {requires[name]}")
     if candidate.name == "flashinfer":
-        if sglang is not None:
-            sglang_tree = vendor_root / "sglang"
-            wanted = (
-                _requires(sglang_tree).get("flashinfer-python") if "sglang" not in others else None
+        if "sglang" not in others and "flashinfer-python" in pinned_sglang_requires:
+            lines.append(
+                f"the pinned sglang {pins.upstream('sglang').version} requires "
+                f"{pinned_sglang_requires['flashinfer-python']}"
             )
-            if wanted is not None and not wanted.specifier.contains(
-                candidate.version, prereleases=True
-            ):
-                lines.append(
-                    f"the pinned sglang {sglang.version} requires {wanted}: sglang must move "
-                    "to a release that requires this FlashInfer"
-                )
         cubin_versions = _index_versions("flashinfer-cubin")
         companion = pins.companions.get("flashinfer-cubin")
         if candidate.version in cubin_versions:
@@ -329,18 +353,44 @@ def related_pins(
     return lines
 
 
+def pin_set_problems(
+    results: list[Candidate], pins: Pins, pinned_sglang_requires: dict[str, Requirement]
+) -> list[str]:
+    """Why the pins the candidates would write do not hold together: the sglang they name
+    must accept the FlashInfer they name. Each problem names the pair to ask for."""
+    moved = {result.upstream.name: result for result in results}
+    flashinfer = (
+        moved["flashinfer"].upstream if "flashinfer" in moved else pins.upstream("flashinfer")
+    )
+    if "sglang" in moved:
+        sglang, requires = moved["sglang"].upstream, moved["sglang"].requires
+    else:
+        sglang, requires = pins.upstream("sglang"), pinned_sglang_requires
+    wanted = requires.get("flashinfer-python")
+    if wanted is None or wanted.specifier.contains(flashinfer.version, prereleases=True):
+        return []
+    exact = [spec.version for spec in wanted.specifier if spec.operator == "=="]
+    ask = f"sglang=={sglang.version} flashinfer-python=={exact[0]}" if exact else str(wanted)
+    return [
+        f"sglang {sglang.version} requires {wanted}, which flashinfer-python "
+        f"{flashinfer.version} does not meet; ask for: {ask}"
+    ]
+
+
 def evaluate(
     pins: Pins,
     patches_root: Path,
-    vendor_root: Path,
+    pinned_sglang_requires: dict[str, Requirement],
     candidates: list[tuple[Upstream, str]],
     scratch: Path,
     audit_candidate: Callable[[Path, str], GateSummary],
 ) -> list[Candidate]:
-    """Classify the series of each candidate; `audit_candidate(tree, name)` -> report dict."""
+    """Classify the series of each candidate; `audit_candidate(tree, name)` -> report dict.
+    `pinned_sglang_requires`: the pinned sglang sdist's Requires-Dist (sdist_requires)."""
     results = []
     moved = {}
     trees = {}
+    requires = {}
     for pinned, version in candidates:
         directory = scratch / pinned.name
         directory.mkdir()
@@ -358,11 +408,12 @@ def evaluate(
         upstream = replace(upstream, git_commit=_git_commit(tree))
         moved[pinned.name] = upstream
         trees[pinned.name] = tree
+        requires[pinned.name] = sdist_requires(sdist)
     for name, upstream in moved.items():
         tree = trees[name]
-        result = Candidate(upstream)
+        result = Candidate(upstream, requires=requires[name])
         result.patches = classify_series(tree, load_series(patches_root / name))
-        result.related = related_pins(upstream, tree, pins, vendor_root, moved)
+        result.related = related_pins(upstream, requires[name], pins, moved, pinned_sglang_requires)
         result.audit = audit_candidate(tree, name)
         results.append(result)
     return results
@@ -392,18 +443,23 @@ def table(result: Candidate) -> str:
     return "\n".join(lines)
 
 
-def as_json(results: list[Candidate]) -> str:
+def as_json(results: list[Candidate], status: tuple[int, str]) -> str:
     return (
         json.dumps(
-            [
-                {
-                    "upstream": asdict(r.upstream),
-                    "patches": [asdict(p) for p in r.patches],
-                    "related": r.related,
-                    "audit": asdict(r.audit) if r.audit else None,
-                }
-                for r in results
-            ],
+            {
+                "exit_status": status[0],
+                "verdict": status[1],
+                "candidates": [
+                    {
+                        "upstream": asdict(r.upstream),
+                        "patches": [asdict(p) for p in r.patches],
+                        "related": r.related,
+                        "requires": {name: str(req) for name, req in r.requires.items()},
+                        "audit": asdict(r.audit) if r.audit else None,
+                    }
+                    for r in results
+                ],
+            },
             indent=2,
         )
         + "\n"
@@ -417,7 +473,7 @@ def audit_summary(report: Report, missing: list[str]) -> GateSummary:
     summary += [f"GATE {f.upstream}/{f.file}:{f.line} {f.condition[:70]}" for f in gates]
     summary.append(f"{len(outside)} reported outside the audit's scope (not failing)")
     summary += [f"MISSING scoped file(s): {pattern}" for pattern in missing]
-    return GateSummary(summary, report.as_json(), missing)
+    return GateSummary(summary, report.as_json(), missing, len(gates))
 
 
 def companion_hashes(name: str, version: str, scratch: Path) -> list[str]:
@@ -425,7 +481,13 @@ def companion_hashes(name: str, version: str, scratch: Path) -> list[str]:
     result = pip_download(scratch, "--only-binary", ":all:", f"{name}=={version}")
     wheels = sorted(scratch.glob("*.whl"))
     if result.returncode != 0 or not wheels:
-        raise UserError(f"pip could not download {name}=={version}:\n{result.stderr[-2000:]}")
+        available = _index_versions(name)
+        raise UserError(
+            f"the index has no {name}=={version} (it has {', '.join(available[:8]) or 'none'}), "
+            f"and FlashInfer {version} accepts no other cubin. Publish a {name} {version} "
+            "wheel to your index (from a machine that reaches one that has it), or bump to a "
+            "FlashInfer release whose cubin the index carries. Nothing was written."
+        )
     return [sha256_of(wheel) for wheel in wheels]
 
 
@@ -439,14 +501,46 @@ def _move_companion(text: str, name: str, version: str, hashes: list[str]) -> st
     return text[: table.start(1)] + block + text[table.end(1) :]
 
 
+def _applied_upstream_in(patch: Path, version: str) -> bool:
+    """Whether the patch's DEP-3 Applied-Upstream names a release at or below `version`."""
+    field = parse_dep3(patch.read_text()).get("Applied-Upstream", "")
+    match = re.search(r"\d+(?:\.\d+)+(?:\.post\d+)?", field)
+    return match is not None and Version(match.group(0)) <= Version(version)
+
+
+def verdict(results: list[Candidate], problems: list[str]) -> tuple[int, str]:
+    """The bump's exit status and why: 0 every patch clean or upstream (dropped on proof)
+    and no gate left; 1 refreshes, reviews or gates remain; 2 it cannot be written."""
+    if problems:
+        return 2, "; ".join(problems)
+    work = [
+        f"{p.patch} ({p.verdict}: {p.action})"
+        for r in results
+        for p in r.patches
+        if p.action != "keep" and p.verdict != "upstream"
+    ]
+    gates = [
+        f"{r.upstream.name}: {r.audit.gates} gate(s), {len(r.audit.missing_scope)} missing"
+        for r in results
+        if r.audit and (r.audit.gates or r.audit.missing_scope)
+    ]
+    if work or gates:
+        return 1, "; ".join(work + gates)
+    return 0, "every patch applies or is upstream, and no gate remains"
+
+
 def write(
     results: list[Candidate], pins: Pins, pins_file: Path, patches_root: Path, scratch: Path
 ) -> list[str]:
-    """Apply the candidates: new pins (the flashinfer-cubin companion moves with FlashInfer),
-    and patches upstream already carries dropped from their series with a comment. Returns
-    what was done, for the user."""
+    """Apply the candidates: new pins (the flashinfer-cubin companion moves with FlashInfer);
+    patches proven upstream (every hunk reverse-applies, or Applied-Upstream names a release
+    at or below the candidate) dropped from their series with a comment; patches upstream
+    in another form kept, marked for review. Everything is worked out before anything is
+    written. Returns what was done, for the user."""
     text = pins_file.read_text()
     done = []
+    series_texts: dict[Path, str] = {}
+    dropped: list[Path] = []
     for result in results:
         if result.upstream.name == "flashinfer" and "flashinfer-cubin" in pins.companions:
             version = result.upstream.version
@@ -469,17 +563,35 @@ def write(
         series = patches_root / upstream.name / "series"
         lines = series.read_text().splitlines()
         for patch in result.patches:
-            if patch.action != "drop":
-                continue
-            lines = [
-                f"# {patch.patch}: dropped, {patch.verdict} in {upstream.project} "
-                f"{upstream.version} (nox -s bump)"
+            path = patches_root / upstream.name / patch.patch
+            proven = patch.verdict == "upstream" or (
+                patch.action == "review" and _applied_upstream_in(path, upstream.version)
+            )
+            mine = [
+                n
+                for n, line in enumerate(lines)
                 if line.split("#", 1)[0].split()[:1] == [patch.patch]
-                else line
-                for line in lines
             ]
-            (patches_root / upstream.name / patch.patch).unlink(missing_ok=True)
-            done.append(f"patches/{upstream.name}: dropped {patch.patch} ({patch.verdict})")
-        series.write_text("".join(f"{line}\n" for line in lines))
+            if proven:
+                for n in mine:
+                    lines[n] = (
+                        f"# {patch.patch}: dropped, {patch.verdict} in {upstream.project} "
+                        f"{upstream.version} (nox -s bump)"
+                    )
+                dropped.append(path)
+                done.append(f"patches/{upstream.name}: dropped {patch.patch} ({patch.verdict})")
+            elif patch.action == "review":
+                for n in reversed(mine):
+                    lines.insert(
+                        n,
+                        f"# REVIEW {patch.patch}: upstream in another form in {upstream.project} "
+                        f"{upstream.version} (nox -s bump); kept until it is proven equivalent",
+                    )
+                done.append(f"patches/{upstream.name}: kept {patch.patch} for review")
+        series_texts[series] = "".join(f"{line}\n" for line in lines)
     pins_file.write_text(text)
+    for series, series_text in series_texts.items():
+        series.write_text(series_text)
+    for path in dropped:
+        path.unlink(missing_ok=True)
     return done

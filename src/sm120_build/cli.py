@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
-from . import audit, bump, console, jit_cache, pins, pipeline, publish, toolkit, vendor
+from . import audit, bump, console, fetch, jit_cache, pins, pipeline, publish, toolkit, vendor
 from .cache import cache_lock, scratch_directory
 from .console import say
 from .errors import UserError, exit_status
@@ -109,7 +109,7 @@ def _audit_gates(layout: Layout, args: argparse.Namespace) -> None:
         )
 
 
-def _bump(layout: Layout, args: argparse.Namespace) -> None:
+def _bump(layout: Layout, args: argparse.Namespace) -> int:
     pinned = pins.load(layout.pins_file)
     candidates = [bump.parse_candidate(text, pinned) for text in args.candidates]
     names = [upstream.name for upstream, _ in candidates]
@@ -126,22 +126,38 @@ def _bump(layout: Layout, args: argparse.Namespace) -> None:
             audit.classify(findings, waivers), audit.missing_scope(tree, name)
         )
 
+    # The pinned sglang's own metadata, from its sdist: a fresh clone gives the same report.
+    pinned_sglang = bump.sdist_requires(fetch.fetch_sdist(pinned.upstream("sglang"), layout.sdists))
     with scratch_directory(layout.cache, "bump") as scratch:
         results = bump.evaluate(
-            pinned, layout.patches, layout.vendor, candidates, scratch, audit_candidate
+            pinned, layout.patches, pinned_sglang, candidates, scratch, audit_candidate
         )
         for result in results:
             print(bump.table(result))
+        problems = bump.pin_set_problems(results, pinned, pinned_sglang)
+        for problem in problems:
+            say(f"the pins would not hold together: {problem}")
+        status = bump.verdict(results, problems)
+        if args.write and not problems:
+            try:
+                written = bump.write(results, pinned, layout.pins_file, layout.patches, scratch)
+            except UserError as exc:
+                say(f"cannot write the bump: {exc}")
+                status = (2, str(exc))
+            else:
+                for line in written:
+                    say(line)
+                say(
+                    "next: `nox -s vendor` stops at the first patch to refresh; make its "
+                    "change in vendor/NAME, commit it with its header, `nox -s vendor -- "
+                    "--continue NAME`, repeat, then `nox -s export_patches`"
+                )
+        elif args.write:
+            say("nothing was written: ask for the pair named above")
         if args.json:
-            args.json.write_text(bump.as_json(results))
-        if args.write:
-            for line in bump.write(results, pinned, layout.pins_file, layout.patches, scratch):
-                say(line)
-            say(
-                "next: `nox -s vendor` stops at the first patch to refresh; make its change "
-                "in vendor/NAME, commit it with its header, `nox -s vendor -- --continue "
-                "NAME`, repeat, then `nox -s export_patches`"
-            )
+            args.json.write_text(bump.as_json(results, status))
+    say(f"bump verdict ({status[0]}): {status[1]}")
+    return status[0]
 
 
 def _publish(layout: Layout, args: argparse.Namespace) -> None:
@@ -344,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # construction; one set by SM120_CACHE_DIR must be marked, empty or --force'd.
         force = args.force or layout.cache == layout.root / ".cache"
         with cache_lock(layout.cache, force) if args.locks_cache else nullcontext():
-            args.run(layout, args)
-        return 0
+            status: int | None = args.run(layout, args)
+        return status or 0
 
     return exit_status(run, args.verbose)
