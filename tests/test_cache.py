@@ -48,6 +48,7 @@ def test_a_waiting_run_names_the_holders_pid(tmp_path: Path, capfd: pytest.Captu
     with cache_lock(tmp_path):
         waited = time.monotonic() - started
     holder.wait()
+    holder.stdout.close()
     assert waited > 0.5
     assert f"(pid {holder.pid})" in capfd.readouterr().err
 
