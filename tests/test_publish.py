@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 from packaging.utils import canonicalize_name
 
+from sm120_build.pins import Companion
 from sm120_build.wheels import assemble_wheelhouse, finalize_wheel
 
 from .conftest import REPO, installed_versions
@@ -122,11 +123,15 @@ def project(tmp_path: Path) -> Path:
     return root
 
 
-def publish(root: Path, *args: str, password: str = PASSWORD) -> subprocess.CompletedProcess:
+def publish(
+    root: Path, *args: str, password: str = PASSWORD, find_links: Path | None = None
+) -> subprocess.CompletedProcess:
     env = dict(
         os.environ, TWINE_USERNAME="uploader", TWINE_PASSWORD=password, HOME=str(root)
     )  # no ~/.pypirc or keyring of the machine's
     env.pop("PIP_FIND_LINKS", None)
+    if find_links is not None:  # pip's own configuration, as the build machine has it
+        env.update(PIP_FIND_LINKS=str(find_links), PIP_NO_INDEX="1")
     return subprocess.run(
         [sys.executable, "-m", "sm120_build", "publish", *args],
         cwd=root,
@@ -187,6 +192,40 @@ def test_upload_then_install_then_republish_is_a_no_op(project: Path, index, tmp
     assert again.returncode == 0, again.stderr
     assert again.stderr.count("already there (identical), skipped") == 2
     assert "uploading" not in again.stderr
+
+
+def test_the_companions_requirements_txt_pins_are_published_too(tmp_path: Path, index) -> None:
+    """requirements.txt pins flashinfer-cubin beside our wheels: an index that does not
+    proxy the public one must serve it too, or the node's install fails on it."""
+    links = tmp_path / "links"
+    links.mkdir()
+    companion = small_wheel(links, "gamma_pkg", "3.0")
+    shutil.move(companion, links / companion.name)
+    root = tmp_path / "project-with-companion"
+    root.mkdir()
+    shutil.copy(REPO / "pins.toml", root)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    pin = Companion(
+        "gamma-pkg", "3.0", (hashlib.sha256((links / companion.name).read_bytes()).hexdigest(),)
+    )
+    assemble_wheelhouse([small_wheel(scratch, "alpha_pkg", "1.0")], [pin], root / "wheelhouse")
+    env_result = publish(
+        root, "--repository-url", index.upload, "--index-url", index.simple, find_links=links
+    )
+    assert env_result.returncode == 0, env_result.stderr
+    assert sorted(p.name for p in index.packages.iterdir()) == sorted(
+        [companion.name, *(p.name for p in (root / "wheelhouse").glob("*.whl"))]
+    )
+    installed = fresh_install(root, index.simple, tmp_path)
+    assert installed["gamma-pkg"] == "3.0"
+    static = publish(root, "--static", str(tmp_path / "static"), find_links=links)
+    assert static.returncode == 0, static.stderr
+    assert (tmp_path / "static" / "packages" / companion.name).is_file()
+    again = publish(
+        root, "--repository-url", index.upload, "--index-url", index.simple, find_links=links
+    )
+    assert again.returncode == 0 and again.stderr.count("already there (identical)") == 2
 
 
 def test_same_name_other_content_is_refused(project: Path, index, tmp_path: Path) -> None:

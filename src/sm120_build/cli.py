@@ -162,12 +162,17 @@ def _bump(layout: Layout, args: argparse.Namespace) -> int:
 
 def _publish(layout: Layout, args: argparse.Namespace) -> None:
     if args.static:
-        publish.write_static_index(layout.wheelhouse, args.static.resolve())
+        publish.write_static_index(layout.wheelhouse, args.static.resolve(), layout.cache)
         return
     if not args.index_url:
         raise UserError("--index-url is required: the simple index to read the upload back from")
     publish.publish(
-        layout.wheelhouse, args.repository_url, args.repository, args.index_url, args.timeout
+        layout.wheelhouse,
+        args.repository_url,
+        args.repository,
+        args.index_url,
+        layout.cache,
+        args.timeout,
     )
 
 
@@ -345,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="give up on an index that does not answer a request or an upload in this time "
         f"(default {publish.DEFAULT_TIMEOUT})",
     )
-    sub.set_defaults(run=_publish, locks_cache=False)
+    sub.set_defaults(run=_publish, locks_cache=True)  # companions are fetched into the cache
     return parser
 
 

@@ -45,7 +45,7 @@ def pip_download(dest: Path, *arguments: str) -> subprocess.CompletedProcess[str
 
 
 _PINNED_WHEEL = re.compile(
-    r"(?P<requirement>[A-Za-z0-9_.-]+==\S+)\s+--hash=sha256:(?P<sha>[0-9a-f]{64})"
+    r"(?P<requirement>[A-Za-z0-9_.-]+==\S+)(?P<hashes>(?:\s+--hash=sha256:[0-9a-f]{64})+)"
 )
 
 
@@ -63,10 +63,12 @@ def fetch_pinned_wheel(spec: str, cache: Path) -> Path:
             f"{spec!r}: expected a .whl path, or a pinned requirement such as "
             "'flashinfer-jit-cache==0.6.3+cu130 --hash=sha256:<64 hex>'"
         )
-    entry = cache / "wheels" / match["sha"]
-    found = sorted(entry.glob("*.whl")) if entry.is_dir() else []
-    if len(found) == 1 and sha256_of(found[0]) == match["sha"]:
-        return found[0]
+    hashes: list[str] = re.findall(r"[0-9a-f]{64}", match["hashes"])
+    for digest in hashes:  # a wheel of any of the pinned hashes, fetched before
+        entry = cache / "wheels" / digest
+        found = sorted(entry.glob("*.whl")) if entry.is_dir() else []
+        if len(found) == 1 and sha256_of(found[0]) == digest:
+            return found[0]
     cache.joinpath("wheels").mkdir(parents=True, exist_ok=True)
     with scratch_directory(cache / "wheels", "download") as scratch:
         say(f"fetching {match['requirement']} through pip")
@@ -84,6 +86,10 @@ def fetch_pinned_wheel(spec: str, cache: Path) -> Path:
             raise UserError(
                 f"pip could not download {match['requirement']}:\n{result.stderr.strip()[-2000:]}"
             )
+        digest = sha256_of(wheels[0])
+        if digest not in hashes:  # pip checked it; so do we
+            raise UserError(f"{wheels[0].name} does not match its pinned sha256")
+        entry = cache / "wheels" / digest
         if entry.exists():
             shutil.rmtree(entry)
         entry.mkdir()

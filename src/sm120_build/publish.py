@@ -30,6 +30,7 @@ from packaging.utils import (
 from .cache import sha256_of
 from .console import say
 from .errors import UserError
+from .fetch import fetch_pinned_wheel
 from .index import Reader, page_links, project_of, server_of
 from .sums import checked_wheels
 
@@ -54,6 +55,30 @@ class LocalWheel:
     path: Path
     project: str
     sha256: str
+
+
+_PINNED = re.compile(
+    r"^(?P<name>[A-Za-z0-9_.-]+)==(?P<version>\S+)(?P<hashes>(?:\s+--hash=sha256:[0-9a-f]{64})+)$"
+)
+
+
+def companion_wheels(wheelhouse: Path, ours: list[LocalWheel], cache: Path) -> list[LocalWheel]:
+    """Every file requirements.txt pins besides our wheels (flashinfer-cubin), fetched
+    through pip with its pinned hash: a node that reaches only the internal index needs
+    them there too."""
+    requirements = wheelhouse / "requirements.txt"
+    if not requirements.is_file():
+        raise UserError(f"{requirements} is missing: run `nox -s build_wheels` first")
+    mine = {wheel.project for wheel in ours}
+    companions = []
+    for line in requirements.read_text().replace("\\\n", " ").splitlines():
+        match = _PINNED.match(line.strip())
+        if match is None or canonicalize_name(match["name"]) in mine:
+            continue
+        spec = f"{match['name']}=={match['version']} {' '.join(match['hashes'].split())}"
+        path = fetch_pinned_wheel(spec, cache)
+        companions.append(LocalWheel(path, str(canonicalize_name(match["name"])), sha256_of(path)))
+    return companions
 
 
 def local_wheels(wheelhouse: Path) -> list[LocalWheel]:
@@ -132,12 +157,14 @@ def publish(
     repository_url: str | None,
     repository: str | None,
     index_url: str,
+    cache: Path,
     timeout: float = DEFAULT_TIMEOUT,
 ) -> None:
     index_url = check_url(index_url, "--index-url")
     if repository_url:
         check_url(repository_url, "--repository-url")
-    wheels = local_wheels(wheelhouse)
+    ours = local_wheels(wheelhouse)
+    wheels = ours + companion_wheels(wheelhouse, ours, cache)
     check = _twine("check", *(str(w.path) for w in wheels))
     if check.returncode != 0:
         raise UserError(f"twine check failed:\n{check.stdout}{check.stderr}")
@@ -211,7 +238,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(partial, path)
 
 
-def write_static_index(wheelhouse: Path, destination: Path) -> None:
+def write_static_index(wheelhouse: Path, destination: Path, cache: Path) -> None:
     """Add the wheelhouse to a PEP 503 tree (packages/ + simple/) that pip installs from
     over file:// or HTTP, creating it or merging into it.
 
@@ -219,8 +246,11 @@ def write_static_index(wheelhouse: Path, destination: Path) -> None:
     name with other content is refused before anything is written, as an index would. The
     pages of the projects we add to are regenerated from packages/; the others are kept.
     """
-    wheels = local_wheels(wheelhouse)
+    ours = local_wheels(wheelhouse)
+    wheels = ours + companion_wheels(wheelhouse, ours, cache)
     packages, simple = destination / "packages", destination / "simple"
+    if destination.exists() and not destination.is_dir():
+        raise UserError(f"--static {destination} is a file; name a directory")
     if (
         destination.exists()
         and any(destination.iterdir())
