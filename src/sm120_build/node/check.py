@@ -68,12 +68,39 @@ def runs_on(arch: str, major: int, minor: int) -> bool:
     return built_minor == minor if suffix == "a" else built_minor <= minor
 
 
+def cuda_versions(toolkit: dict[str, Any] | None, gpu: bool) -> list[str]:
+    """Say which CUDA each part is for: the node's torch, the jit-cache's toolkit, and (with
+    a GPU) the driver; a driver too old for the toolkit cannot run the modules at all."""
+    import torch
+
+    built = str((toolkit or {}).get("cuda", "?"))
+    line = f"CUDA: torch {torch.version.cuda or 'CPU only'}, jit-cache built with {built}"
+    problems = []
+    if gpu and torch.cuda.is_available():
+        import pynvml  # nvidia-ml-py, which FlashInfer requires
+
+        pynvml.nvmlInit()
+        raw = pynvml.nvmlSystemGetCudaDriverVersion()  # e.g. 13000 for CUDA 13.0
+        driver = (raw // 1000, raw % 1000 // 10)
+        line += f", driver supports {driver[0]}.{driver[1]}"
+        wanted = tuple(int(part) for part in built.split(".")[:2]) if built != "?" else (0, 0)
+        if driver < wanted:
+            problems.append(
+                f"the jit-cache was built with CUDA {built}, which this driver (CUDA "
+                f"{driver[0]}.{driver[1]}) cannot run: install a driver for CUDA {built} "
+                "(>= 580 for 13.0), or use a jit-cache built with --cuda-home for your CUDA"
+            )
+    print(line)
+    return problems
+
+
 def device_arch(requested: str | None) -> tuple[int, int, str]:
     """(major, minor, how it was found): --arch, else the first visible GPU."""
     if requested is not None:
-        match = re.fullmatch(r"(\d+)\.(\d)", requested)
+        # The build's spellings too: a node checks for the GPU, whatever the suffix built.
+        match = re.fullmatch(r"(\d+)\.(\d)[af]?", requested)
         if match is None:
-            raise UserError(f"--arch {requested!r}: expected MAJOR.MINOR, e.g. 12.0")
+            raise UserError(f"--arch {requested!r}: expected MAJOR.MINOR, e.g. 12.0 (or 12.0f)")
         return int(match.group(1)), int(match.group(2)), "--arch"
     import torch
 
@@ -134,6 +161,14 @@ def check(recipes: dict[str, str], major: int) -> tuple[list[dict[str, Any]], li
             continue
         try:
             specs = specs_of(call)
+        except ModuleNotFoundError as exc:
+            problems.append(
+                f"{recipe}: the Python package {exc.name!r} is not installed here, which "
+                f"FlashInfer needs for it: install it (pip install {exc.name}), or the whole "
+                "environment sglang 0.5.9 needs"
+            )
+            results.append({"module": None, "recipe": recipe, "aot": False, "loaded": False})
+            continue
         except Exception as exc:  # e.g. an SM12x-only generator on another GPU
             problems.append(f"{recipe}: FlashInfer does not make it for this GPU ({exc})")
             results.append({"module": None, "recipe": recipe, "aot": False, "loaded": False})
@@ -208,6 +243,7 @@ def _run(args: argparse.Namespace) -> int:
         problems.append("flashinfer-python and flashinfer-jit-cache record different patches")
 
     major, minor, source = device_arch(args.arch)
+    problems += cuda_versions(jit_cache["toolkit"], gpu=args.arch is None)
     archs: list[str] = jit_cache["archs"]
     if not any(runs_on(arch, major, minor) for arch in archs):
         problems.append(
