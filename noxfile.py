@@ -340,17 +340,21 @@ def tests_fast(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check, ruff format --check, mypy --strict on src/, actionlint on ci/github/.
+    """ruff check, ruff format --check, mypy --strict on src/, actionlint on ci/github/,
+    hadolint on ci/docker/.
 
     Takes no options.
     """
     if _asks_for_help(session):
         session.log(lint.__doc__ or "")
         return
-    session.install(*(r for r in TEST_REQUIREMENTS if r.startswith(("ruff", "mypy", "actionlint"))))
+    linters = ("ruff", "mypy", "actionlint", "hadolint")
+    session.install(*(r for r in TEST_REQUIREMENTS if r.startswith(linters)))
     session.install("-e", ".")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
     workflows = sorted(str(p) for p in (ROOT / "ci" / "github" / "workflows").glob("*.yml"))
     session.run("actionlint", "-config-file", str(ROOT / "ci/github/actionlint.yaml"), *workflows)
+    dockerfiles = sorted(str(p) for p in (ROOT / "ci" / "docker").glob("*/Dockerfile"))
+    session.run("hadolint", "--config", str(ROOT / "ci/docker/hadolint.yaml"), *dockerfiles)
