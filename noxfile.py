@@ -340,15 +340,16 @@ def tests_fast(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check, ruff format --check, mypy --strict on src/, actionlint on ci/github/,
-    hadolint on ci/docker/.
+    """ruff check, ruff format --check, mypy --strict on src/, tests/ and this file,
+    actionlint on ci/github/, hadolint on ci/docker/.
 
     Takes no options.
     """
     if _asks_for_help(session):
         session.log(lint.__doc__ or "")
         return
-    linters = ("ruff", "mypy", "actionlint", "hadolint")
+    # mypy also reads the tests and this file: pytest's and nox's own types.
+    linters = ("ruff", "mypy", "actionlint", "hadolint", "pytest", "nox")
     session.install(*(r for r in TEST_REQUIREMENTS if r.startswith(linters)))
     session.install("-e", ".")
     session.run("ruff", "check", ".")

@@ -14,7 +14,7 @@ from sm120_build.profiles import specs_of
 from sm120_build.sglang_kernels import is_sglang_call
 
 provenance = json.loads(
-    importlib.metadata.distribution("flashinfer-jit-cache").read_text("sm120-build.json")
+    importlib.metadata.distribution("flashinfer-jit-cache").read_text("sm120-build.json") or "{}"
 )
 commands = {}
 for call in provenance["recipes"].values():

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.slow
 GUARD_LINES = [417, 455, 485, 533, 711, 895, 950, 991, 1053, 1207, 1265, 1335, 1444]
 
 
-def run_audit(root: Path, *args: str) -> tuple[int, dict, str]:
+def run_audit(root: Path, *args: str) -> tuple[int, dict[str, Any], str]:
     env = dict(os.environ, SM120_CACHE_DIR=str(root / ".cache"))
     out = root / f"audit{len(args)}.json"
     result = subprocess.run(
@@ -30,15 +31,15 @@ def run_audit(root: Path, *args: str) -> tuple[int, dict, str]:
 
 
 @pytest.fixture(scope="module")
-def pristine(vendored_project: Path) -> tuple[int, dict, str]:
+def pristine(vendored_project: Path) -> tuple[int, dict[str, Any], str]:
     return run_audit(vendored_project, "--pristine")
 
 
-def in_scope(report: dict) -> list[dict]:
+def in_scope(report: dict[str, Any]) -> list[dict[str, Any]]:
     return [f for f in report["findings"] if f["in_scope"]]
 
 
-def test_pristine_finds_all_13_guards_at_their_lines(pristine) -> None:
+def test_pristine_finds_all_13_guards_at_their_lines(pristine: Any) -> None:
     _, report, _ = pristine
     guards = [f for f in report["findings"] if f["kind"] == "device"]
     assert {f["file"] for f in guards} == {"include/flashinfer/comm/trtllm_allreduce.cuh"}
@@ -48,7 +49,7 @@ def test_pristine_finds_all_13_guards_at_their_lines(pristine) -> None:
     assert lamport["function"] == "lamport_style_one_shot_all_reduce_norm_kernel"
 
 
-def test_pristine_finds_the_python_gates_of_the_facts_file(pristine) -> None:
+def test_pristine_finds_the_python_gates_of_the_facts_file(pristine: Any) -> None:
     _, report, _ = pristine
     python = {
         (f["upstream"], f["file"], f["line"]) for f in in_scope(report) if f["kind"] == "python"
@@ -61,7 +62,7 @@ def test_pristine_finds_the_python_gates_of_the_facts_file(pristine) -> None:
     }
 
 
-def test_each_pristine_gate_is_traced_to_the_patch_that_removes_it(pristine) -> None:
+def test_each_pristine_gate_is_traced_to_the_patch_that_removes_it(pristine: Any) -> None:
     code, report, output = pristine
     expected = {
         "include/flashinfer/comm/trtllm_allreduce.cuh": "0001-",

@@ -17,6 +17,7 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
@@ -44,10 +45,11 @@ def builds(built_project: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
 
 
 @pytest.fixture(scope="module")
-def provenance(builds: tuple[Path, Path]) -> dict:
+def provenance(builds: tuple[Path, Path]) -> dict[str, Any]:
     with zipfile.ZipFile(wheel_of(builds[0], "flashinfer_jit_cache")) as archive:
         (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/sm120-build.json")]
-        return json.loads(archive.read(name))
+        found: dict[str, Any] = json.loads(archive.read(name))
+        return found
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +61,7 @@ def shared_object(builds: tuple[Path, Path], tmp_path_factory: pytest.TempPathFa
         )
 
 
-def test_wheelhouse_holds_exactly_three_wheels_and_their_hashes(builds) -> None:
+def test_wheelhouse_holds_exactly_three_wheels_and_their_hashes(builds: Any) -> None:
     root = builds[0]
     names = sorted(p.name for p in (root / "wheelhouse").iterdir())
     patterns = [
@@ -88,7 +90,7 @@ def test_wheelhouse_holds_exactly_three_wheels_and_their_hashes(builds) -> None:
     assert len(expected) == 4
 
 
-def test_two_clean_builds_are_byte_identical(builds) -> None:
+def test_two_clean_builds_are_byte_identical(builds: Any) -> None:
     first, second = builds
     for project in ("flashinfer_jit_cache", "flashinfer_python", "sglang"):
         a, b = wheel_of(first, project), wheel_of(second, project)
@@ -98,7 +100,7 @@ def test_two_clean_builds_are_byte_identical(builds) -> None:
         ), project
 
 
-def test_jit_cache_wheel_holds_only_the_module_and_its_api(builds) -> None:
+def test_jit_cache_wheel_holds_only_the_module_and_its_api(builds: Any) -> None:
     with zipfile.ZipFile(wheel_of(builds[0], "flashinfer_jit_cache")) as archive:
         package = sorted(n for n in archive.namelist() if ".dist-info/" not in n)
         licenses = sorted(n.rsplit("/", 1)[1] for n in archive.namelist() if "/licenses/" in n)
@@ -122,7 +124,7 @@ def test_jit_cache_wheel_holds_only_the_module_and_its_api(builds) -> None:
     assert "License-Expression: Apache-2.0 AND BSD-3-Clause AND MIT" in metadata
 
 
-def test_provenance_records_inputs_toolkit_archs_and_flags(builds, provenance) -> None:
+def test_provenance_records_inputs_toolkit_archs_and_flags(builds: Any, provenance: Any) -> None:
     flashinfer = PINS.upstream("flashinfer")
     assert provenance["upstream"]["sha256"] == flashinfer.sha256
     assert [p["file"].rsplit("/", 1)[1] for p in provenance["patches"]] == (
@@ -162,7 +164,7 @@ def test_needed_libraries_are_met_by_a_driver_only_node(shared_object: Path) -> 
     }
 
 
-def test_platform_tag_matches_the_binarys_glibc_needs(builds, shared_object: Path) -> None:
+def test_platform_tag_matches_the_binarys_glibc_needs(builds: Any, shared_object: Path) -> None:
     versions = subprocess.run(
         ["readelf", "--version-info", "--wide", str(shared_object)],
         capture_output=True,
@@ -238,7 +240,7 @@ def test_lifted_guards_put_the_grid_dependency_wait_into_the_sass(shared_object:
     assert lamport_norm and all("ACQBULK" in names[n] for n in lamport_norm)
 
 
-def test_sglang_pins_are_met_by_what_we_ship(builds) -> None:
+def test_sglang_pins_are_met_by_what_we_ship(builds: Any) -> None:
     with zipfile.ZipFile(wheel_of(builds[0], "sglang")) as archive:
         (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
         metadata = archive.read(name).decode()
@@ -256,7 +258,7 @@ def test_sglang_pins_are_met_by_what_we_ship(builds) -> None:
 
 
 def test_no_op_rebuild_takes_seconds_and_sglang_patch_does_not_recompile(
-    builds, tmp_path: Path
+    builds: Any, tmp_path: Path
 ) -> None:
     # A copy of its own (cache included): the session's build stays as other tests see it.
     root = tmp_path / "project"
@@ -290,7 +292,7 @@ def node_env(venv: Path, home: Path) -> dict[str, str]:
     }
 
 
-def node_check(venv: Path, tmp_path: Path, *args: str) -> tuple[int, str, dict]:
+def node_check(venv: Path, tmp_path: Path, *args: str) -> tuple[int, str, dict[str, Any]]:
     """`nox -s node_check` as the node runs it: exit status, output, its JSON report."""
     out = tmp_path / "node_check.json"
     result = subprocess.run(
@@ -303,7 +305,7 @@ def node_check(venv: Path, tmp_path: Path, *args: str) -> tuple[int, str, dict]:
     return result.returncode, result.stdout + result.stderr, report
 
 
-def jit_commands(venv: Path, tmp_path: Path, cuda_home: Path) -> dict[str, list[dict]]:
+def jit_commands(venv: Path, tmp_path: Path, cuda_home: Path) -> dict[str, list[dict[str, Any]]]:
     """FlashInfer's own compile commands for every module the installed jit-cache records."""
     env = dict(node_env(venv, tmp_path), CUDA_HOME=str(cuda_home))
     env["FLASHINFER_CUDA_ARCH_LIST"] = "12.0f"
@@ -314,7 +316,8 @@ def jit_commands(venv: Path, tmp_path: Path, cuda_home: Path) -> dict[str, list[
         text=True,
     )
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    commands: dict[str, list[dict[str, Any]]] = json.loads(result.stdout)
+    return commands
 
 
 def make_node(wheelhouse: Path, venv: Path) -> Path:
@@ -338,7 +341,7 @@ def make_node(wheelhouse: Path, venv: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def node(builds, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def node(builds: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_node(builds[0] / "wheelhouse", tmp_path_factory.mktemp("node") / "venv")
 
 
@@ -373,7 +376,9 @@ def test_flashinfer_refuses_a_jit_cache_of_another_patch_series(node: Path, tmp_
     (site,) = node.glob("lib/python3*/site-packages")
     meta = site / "flashinfer_jit_cache" / "_build_meta.py"
     original = meta.read_text()
-    version = re.search(r'"(.+)"', original).group(1)
+    found = re.search(r'"(.+)"', original)
+    assert found is not None
+    version = found.group(1)
     try:
         meta.write_text(original.replace(version, re.sub(r"\.p[0-9a-f]{8}", ".p00000000", version)))
         status, output, _ = node_check(node, tmp_path, "--arch", "12.0")
@@ -407,7 +412,9 @@ def canonical_flags(argv: list[str]) -> set[str]:
             path = next(words) if word == "-isystem" else word.split(" ", 1)[1]
             flags.add("-isystem " + canonical_include(path))
         elif word.startswith("--generate-code=arch="):
-            arch, code = re.match(r"--generate-code=arch=(\w+),code=\[(\w+)\]", word).groups()
+            generate = re.match(r"--generate-code=arch=(\w+),code=\[(\w+)\]", word)
+            assert generate is not None
+            arch, code = generate.groups()
             flags.add(f"-gencode=arch={arch},code={code}")
         elif word.startswith("-I"):
             flags.add("-I " + canonical_tree_path(word[2:] or next(words)))
@@ -465,10 +472,14 @@ def canonical_include(path: str) -> str:
 
 def module_of(argv: list[str]) -> str:
     """The CMake target (= FlashInfer module) a recorded compile command belongs to."""
-    return re.search(r"CMakeFiles/([^/]+?)\.dir", argv[argv.index("-o") + 1]).group(1)
+    found = re.search(r"CMakeFiles/([^/]+?)\.dir", argv[argv.index("-o") + 1])
+    assert found is not None
+    return found.group(1)
 
 
-def assert_flags_match_the_jit(provenance: dict, jit: dict[str, list[dict]]) -> None:
+def assert_flags_match_the_jit(
+    provenance: dict[str, Any], jit: dict[str, list[dict[str, Any]]]
+) -> None:
     """Every translation unit of every module: our command against FlashInfer's own."""
     ours: dict[tuple[str, str], set[str]] = {}
     for argv in provenance["compile_commands"]:
@@ -488,7 +499,7 @@ def assert_flags_match_the_jit(provenance: dict, jit: dict[str, list[dict]]) -> 
 
 
 def test_compile_flags_match_flashinfers_own_jit_build(
-    node: Path, provenance: dict, builds, tmp_path: Path
+    node: Path, provenance: dict[str, Any], builds: Any, tmp_path: Path
 ) -> None:
     toolkit_home = next((builds[0] / ".cache" / "toolkits").glob("*/home"))
     jit = jit_commands(node, tmp_path, toolkit_home)
@@ -511,7 +522,7 @@ def refused_build(root: Path, *args: str) -> str:
 
 
 def test_system_toolkit_that_cannot_build_the_arch_is_refused_before_compiling(
-    builds, tmp_path: Path
+    builds: Any, tmp_path: Path
 ) -> None:
     root = builds[0]
     before = sorted(p.name for p in (root / "wheelhouse").iterdir())
@@ -544,7 +555,7 @@ def record_rows(wheel: Path) -> list[list[str]]:
     return rows
 
 
-def test_every_wheel_has_a_valid_record(builds) -> None:
+def test_every_wheel_has_a_valid_record(builds: Any) -> None:
     for project in ("flashinfer_jit_cache", "flashinfer_python", "sglang"):
         rows = record_rows(wheel_of(builds[0], project))
         if project == "sglang":  # sglang ships file names with commas; they must survive
@@ -553,7 +564,7 @@ def test_every_wheel_has_a_valid_record(builds) -> None:
 
 @pytest.mark.parametrize("installer", ["pip", "uv"])
 def test_node_command_installs_from_the_wheelhouse_alone(
-    builds, tmp_path: Path, installer: str
+    builds: Any, tmp_path: Path, installer: str
 ) -> None:
     """README's node command, as written: our wheels from the wheelhouse (--find-links),
     flashinfer-cubin from the index pip is configured with, every file hash-checked."""
@@ -625,10 +636,11 @@ def small_node(small: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_node(small / "wheelhouse", tmp_path_factory.mktemp("small-node") / "venv")
 
 
-def provenance_of(wheel: Path) -> dict:
+def provenance_of(wheel: Path) -> dict[str, Any]:
     with zipfile.ZipFile(wheel) as archive:
         (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/sm120-build.json")]
-        return json.loads(archive.read(name))
+        found: dict[str, Any] = json.loads(archive.read(name))
+        return found
 
 
 def extracted(wheel: Path, target: Path) -> dict[str, Path]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
@@ -46,7 +47,7 @@ def patch_file(directory: Path, name: str, sections: dict[str, list[str]]) -> Pa
 
 
 @pytest.fixture
-def tree(tmp_path: Path):
+def tree(tmp_path: Path) -> Any:
     """A git tree holding files a.txt and b.txt, each with `lines`."""
 
     def create(a: list[str], b: list[str] | None = None) -> Path:
@@ -62,11 +63,11 @@ def tree(tmp_path: Path):
     return create
 
 
-def verdict_of(tree_path: Path, *paths: Path):
+def verdict_of(tree_path: Path, *paths: Path) -> list[PatchVerdict]:
     return classify_series(tree_path, [read_patch(p) for p in paths])
 
 
-def test_clean(tree, tmp_path: Path) -> None:
+def test_clean(tree: Any, tmp_path: Path) -> None:
     root = tree(LINES)
     patch = patch_file(tmp_path, "p", {"a.txt": [hunk("a.txt", LINES, 10, "LINE 11")]})
     (result,) = verdict_of(root, patch)
@@ -74,7 +75,7 @@ def test_clean(tree, tmp_path: Path) -> None:
     assert "LINE 11" in (root / "a.txt").read_text()  # applied, for the patches after it
 
 
-def test_offset_is_reported_per_hunk(tree, tmp_path: Path) -> None:
+def test_offset_is_reported_per_hunk(tree: Any, tmp_path: Path) -> None:
     root = tree(["new 1", "new 2", "new 3", *LINES])
     patch = patch_file(
         tmp_path,
@@ -86,7 +87,7 @@ def test_offset_is_reported_per_hunk(tree, tmp_path: Path) -> None:
     assert [(h.verdict, h.offset) for h in result.hunks] == [("offset", 3), ("offset", 3)]
 
 
-def test_fuzz_is_named_and_refused(tree, tmp_path: Path) -> None:
+def test_fuzz_is_named_and_refused(tree: Any, tmp_path: Path) -> None:
     changed = list(LINES)
     changed[7] = "line 8 (edited upstream)"  # the outermost context line of the hunk
     root = tree(changed)
@@ -96,7 +97,7 @@ def test_fuzz_is_named_and_refused(tree, tmp_path: Path) -> None:
     assert result.hunks[0].verdict == "fuzz"
 
 
-def test_already_upstream_whole(tree, tmp_path: Path) -> None:
+def test_already_upstream_whole(tree: Any, tmp_path: Path) -> None:
     done = list(LINES)
     done[10] = "LINE 11"
     root = tree(done)
@@ -105,7 +106,7 @@ def test_already_upstream_whole(tree, tmp_path: Path) -> None:
     assert (result.verdict, result.action) == ("upstream", "drop")
 
 
-def test_partly_upstream(tree, tmp_path: Path) -> None:
+def test_partly_upstream(tree: Any, tmp_path: Path) -> None:
     done = list(LINES)
     done[10] = "LINE 11"
     root = tree(done)
@@ -120,7 +121,7 @@ def test_partly_upstream(tree, tmp_path: Path) -> None:
     assert "LINE 31" in (root / "a.txt").read_text()
 
 
-def test_upstream_in_another_form(tree, tmp_path: Path) -> None:
+def test_upstream_in_another_form(tree: Any, tmp_path: Path) -> None:
     rewritten = list(LINES)
     rewritten[10] = "line eleven, fixed upstream their own way"
     root = tree(rewritten)
@@ -129,7 +130,7 @@ def test_upstream_in_another_form(tree, tmp_path: Path) -> None:
     assert (result.verdict, result.action) == ("upstream in another form", "review")
 
 
-def test_conflict_lists_every_failing_hunk_and_file(tree, tmp_path: Path) -> None:
+def test_conflict_lists_every_failing_hunk_and_file(tree: Any, tmp_path: Path) -> None:
     drifted = list(LINES)
     drifted[9] = "line 10 (changed upstream)"  # inner context: beyond any fuzz
     drifted[29] = "line 30 (changed upstream)"
@@ -152,7 +153,7 @@ def test_conflict_lists_every_failing_hunk_and_file(tree, tmp_path: Path) -> Non
     assert [h.verdict for h in result.hunks if h.file == "b.txt"] == ["clean", "conflict"]
 
 
-def test_the_series_goes_on_past_a_failure(tree, tmp_path: Path) -> None:
+def test_the_series_goes_on_past_a_failure(tree: Any, tmp_path: Path) -> None:
     drifted = list(LINES)
     drifted[9] = "line 10 (changed upstream)"
     root = tree(drifted)
@@ -163,7 +164,7 @@ def test_the_series_goes_on_past_a_failure(tree, tmp_path: Path) -> None:
 
 
 def test_a_vanished_hunk_beside_applying_ones_is_a_conflict_to_refresh(
-    tree, tmp_path: Path
+    tree: Any, tmp_path: Path
 ) -> None:
     """Not dropped: only part of the patch's change is gone from upstream."""
     rewritten = list(LINES)
@@ -248,7 +249,9 @@ def test_a_different_fix_upstream_is_kept_for_review_never_deleted(tmp_path: Pat
     assert not (series / "0002-fixed-in-1-1.patch").exists()
 
 
-def test_an_add_only_hunk_already_upstream_is_upstream_not_offset(tree, tmp_path: Path) -> None:
+def test_an_add_only_hunk_already_upstream_is_upstream_not_offset(
+    tree: Any, tmp_path: Path
+) -> None:
     """A hunk that only adds lines still applies forward when upstream has them already
     (and would add them twice): it reverse-applies, so it is upstream."""
     added = [*LINES[:10], "ADDED", *LINES[10:]]
@@ -262,7 +265,7 @@ def test_an_add_only_hunk_already_upstream_is_upstream_not_offset(tree, tmp_path
     assert (root / "a.txt").read_text().count("ADDED") == 1  # not applied a second time
 
 
-def test_a_conflict_says_where_the_context_went(tree, tmp_path: Path) -> None:
+def test_a_conflict_says_where_the_context_went(tree: Any, tmp_path: Path) -> None:
     drifted = [f"new {n}" for n in range(5)] + list(LINES)
     drifted[5 + 9] = "line 10 (changed upstream)"
     root = tree(drifted)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ def snapshot(root: Path) -> dict[str, str]:
     }
 
 
-def bump(root: Path, *candidates: str) -> tuple[int, dict]:
+def bump(root: Path, *candidates: str) -> tuple[int, dict[str, Any]]:
     """The exit status and the JSON report of `nox -s bump -- CANDIDATES`."""
     out = root / "bump.json"
     result = subprocess.run(
@@ -43,7 +44,7 @@ def bump(root: Path, *candidates: str) -> tuple[int, dict]:
     return result.returncode, report
 
 
-def by_patch(report: dict) -> dict[str, dict]:
+def by_patch(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {p["patch"][:4]: p for p in report["patches"]}
 
 
@@ -89,7 +90,7 @@ def sglang_without_communicator(root: Path, links: Path, version: str) -> None:
             path = member.name + ("/" if member.isdir() else "")
             assert path.startswith(old_top), member.name
             member.name = (new_top + path.removeprefix(old_top)).rstrip("/")
-            member.pax_headers.pop("path", None)  # long names: the header would win
+            member.pax_headers = {k: v for k, v in member.pax_headers.items() if k != "path"}
             if member.name == new_top + "PKG-INFO" and data is not None:
                 text = data.read().decode().replace("Version: 0.5.9\n", f"Version: {version}\n", 1)
                 assert f"Version: {version}" in text

@@ -31,7 +31,9 @@ def test_a_planted_symlink_is_never_used_as_a_lock(tmp_path: Path) -> None:
     assert not (tmp_path / "victim").exists()
 
 
-def test_a_waiting_run_names_the_holders_pid(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+def test_a_waiting_run_names_the_holders_pid(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     holder = subprocess.Popen(
         [
             sys.executable,
@@ -118,7 +120,7 @@ def test_a_linked_cache_entry_is_never_followed(tmp_path: Path) -> None:
 
 
 def test_a_damaged_cache_entry_is_discarded_with_a_message(
-    tmp_path: Path, capfd: pytest.CaptureFixture
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     staging = tmp_path / "staging"
     staging.mkdir()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,7 +87,7 @@ def test_the_key_follows_the_shared_inputs_and_every_field_of_the_module() -> No
         assert module_cache.key("inputs", module("norm", **{field: value})) != base, field
 
 
-def test_stored_modules_come_back_with_their_own_files_and_commands(stored) -> None:
+def test_stored_modules_come_back_with_their_own_files_and_commands(stored: Any) -> None:
     directory, _, keys = stored
     found = module_cache.lookup(directory, keys)
     assert sorted(found) == ["norm", "norm_extra"]
@@ -97,7 +98,7 @@ def test_stored_modules_come_back_with_their_own_files_and_commands(stored) -> N
 
 
 def test_a_package_wheel_plus_cached_modules_holds_what_the_build_did(
-    stored, tmp_path: Path
+    stored: Any, tmp_path: Path
 ) -> None:
     directory, built, keys = stored
     package_only = zip_wheel(tmp_path / "package.whl", PACKAGE)
@@ -106,14 +107,16 @@ def test_a_package_wheel_plus_cached_modules_holds_what_the_build_did(
     assert contents(whole) == contents(built)  # names, bytes and the executable mode
 
 
-def test_a_module_never_built_is_not_found(stored) -> None:
+def test_a_module_never_built_is_not_found(stored: Any) -> None:
     directory, _, _ = stored
     assert (
         module_cache.lookup(directory, {"rope": module_cache.key("inputs", module("rope"))}) == {}
     )
 
 
-def test_a_damaged_entry_is_discarded_and_said(stored, capfd: pytest.CaptureFixture) -> None:
+def test_a_damaged_entry_is_discarded_and_said(
+    stored: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
     directory, _, keys = stored
     archive = directory / keys["norm"] / module_cache.ARCHIVE
     archive.write_bytes(archive.read_bytes() + b"damage")

@@ -14,6 +14,7 @@ import urllib.request
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from packaging.utils import canonicalize_name
@@ -29,11 +30,12 @@ PASSWORD = "correct-horse-battery-4711"
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @pytest.fixture
-def index(tmp_path: Path, request: pytest.FixtureRequest):
+def index(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
     """pypiserver started and stopped by process id; uploads need uploader:PASSWORD, and so
     does reading when the test is marked `private_index`."""
     from passlib.apache import HtpasswdFile
@@ -125,7 +127,7 @@ def project(tmp_path: Path) -> Path:
 
 def publish(
     root: Path, *args: str, password: str = PASSWORD, find_links: Path | None = None
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[str]:
     env = dict(
         os.environ, TWINE_USERNAME="uploader", TWINE_PASSWORD=password, HOME=str(root)
     )  # no ~/.pypirc or keyring of the machine's
@@ -176,7 +178,9 @@ def required_versions(root: Path) -> dict[str, str]:
     }
 
 
-def test_upload_then_install_then_republish_is_a_no_op(project: Path, index, tmp_path) -> None:
+def test_upload_then_install_then_republish_is_a_no_op(
+    project: Path, index: Any, tmp_path: Any
+) -> None:
     first = publish(project, "--repository-url", index.upload, "--index-url", index.simple)
     assert first.returncode == 0, first.stderr
     assert sorted(p.name for p in index.packages.iterdir()) == sorted(
@@ -194,7 +198,7 @@ def test_upload_then_install_then_republish_is_a_no_op(project: Path, index, tmp
     assert "uploading" not in again.stderr
 
 
-def test_the_companions_requirements_txt_pins_are_published_too(tmp_path: Path, index) -> None:
+def test_the_companions_requirements_txt_pins_are_published_too(tmp_path: Path, index: Any) -> None:
     """requirements.txt pins flashinfer-cubin beside our wheels: an index that does not
     proxy the public one must serve it too, or the node's install fails on it."""
     links = tmp_path / "links"
@@ -228,7 +232,7 @@ def test_the_companions_requirements_txt_pins_are_published_too(tmp_path: Path, 
     assert again.returncode == 0 and again.stderr.count("already there (identical)") == 2
 
 
-def test_same_name_other_content_is_refused(project: Path, index, tmp_path: Path) -> None:
+def test_same_name_other_content_is_refused(project: Path, index: Any, tmp_path: Path) -> None:
     wheelhouse = project / "wheelhouse"
     (tampered,) = wheelhouse.glob("alpha_pkg-*.whl")
     other = small_wheel(tmp_path, "alpha_pkg", "1.0+sm120.pabc12345", payload="changed = 1\n")
@@ -248,7 +252,9 @@ def test_same_name_other_content_is_refused(project: Path, index, tmp_path: Path
     )
 
 
-def test_wrong_password_is_a_clear_auth_error_and_uploads_nothing(project: Path, index) -> None:
+def test_wrong_password_is_a_clear_auth_error_and_uploads_nothing(
+    project: Path, index: Any
+) -> None:
     result = publish(
         project,
         "--repository-url",
@@ -274,7 +280,7 @@ def test_server_not_running_is_a_clear_connection_error(project: Path) -> None:
 
 @pytest.mark.private_index
 def test_read_back_from_an_index_that_needs_auth_authenticates_like_twine(
-    project: Path, index
+    project: Path, index: Any
 ) -> None:
     anonymous = urllib.request.Request(index.simple + "alpha-pkg/")
     with pytest.raises(urllib.error.HTTPError, match="401"):
@@ -284,7 +290,7 @@ def test_read_back_from_an_index_that_needs_auth_authenticates_like_twine(
     assert result.stderr.count(": uploaded") == 2
 
 
-def test_silent_server_times_out_and_is_named(project: Path, index) -> None:
+def test_silent_server_times_out_and_is_named(project: Path, index: Any) -> None:
     """A server that accepts the connection and never answers."""
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
@@ -301,7 +307,7 @@ def test_silent_server_times_out_and_is_named(project: Path, index) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_credentials_in_a_url_are_refused(project: Path, index) -> None:
+def test_credentials_in_a_url_are_refused(project: Path, index: Any) -> None:
     url = index.upload.replace("http://", f"http://uploader:{PASSWORD}@")
     result = publish(project, "--repository-url", url, "--index-url", index.simple)
     assert result.returncode == 1
@@ -318,7 +324,7 @@ def test_malformed_sha256sums_is_a_clear_error(project: Path, tmp_path: Path) ->
     assert "Traceback" not in result.stderr
 
 
-def test_credentials_appear_nowhere(project: Path, index, tmp_path: Path) -> None:
+def test_credentials_appear_nowhere(project: Path, index: Any, tmp_path: Path) -> None:
     results = [
         publish(project, "--repository-url", index.upload, "--index-url", index.simple),
         publish(
@@ -392,7 +398,9 @@ def test_static_index_refuses_other_content_under_a_name_and_writes_nothing(
 
 
 @pytest.mark.slow
-def test_publishes_what_build_wheels_produced(built_project: Path, index, tmp_path) -> None:
+def test_publishes_what_build_wheels_produced(
+    built_project: Path, index: Any, tmp_path: Any
+) -> None:
     """The README's node command against the published index: our wheels from it,
     flashinfer-cubin from the index pip is configured with, all hash-checked."""
     root = tmp_path / "published"

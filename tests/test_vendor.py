@@ -1,6 +1,7 @@
 """vendor_upstream and export_patches on generated sdists and patches, with real git."""
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ LINES = [f"line {n}" for n in range(1, 21)]
 
 
 @pytest.fixture
-def two_patches(demo, tmp_path: Path):
+def two_patches(demo: Any, tmp_path: Path) -> Any:
     upstream, sdist, series = demo(LINES)
     first = make_patch(
         series / "0001-first.patch", "src/code.txt", LINES, 1, "LINE 2", "first change"
@@ -34,7 +35,7 @@ def two_patches(demo, tmp_path: Path):
     return upstream, sdist, series, tmp_path / "vendor" / "demo"
 
 
-def test_vendor_commits_pristine_then_one_commit_per_patch(two_patches) -> None:
+def test_vendor_commits_pristine_then_one_commit_per_patch(two_patches: Any) -> None:
     upstream, sdist, series, tree = two_patches
     assert vendor_upstream(upstream, sdist, series, tree)
     log = git(tree, "log", "--format=%H").stdout.split()
@@ -45,7 +46,7 @@ def test_vendor_commits_pristine_then_one_commit_per_patch(two_patches) -> None:
     assert "LINE 15" in (tree / "src/code.txt").read_text()
 
 
-def test_same_inputs_give_the_same_commit_ids(two_patches, tmp_path: Path) -> None:
+def test_same_inputs_give_the_same_commit_ids(two_patches: Any, tmp_path: Path) -> None:
     upstream, sdist, series, tree = two_patches
     vendor_upstream(upstream, sdist, series, tree)
     other = tmp_path / "elsewhere" / "demo"
@@ -53,7 +54,7 @@ def test_same_inputs_give_the_same_commit_ids(two_patches, tmp_path: Path) -> No
     assert head(tree) == head(other)
 
 
-def test_rerun_is_a_fast_no_op(two_patches) -> None:
+def test_rerun_is_a_fast_no_op(two_patches: Any) -> None:
     upstream, sdist, series, tree = two_patches
     vendor_upstream(upstream, sdist, series, tree)
     before = head(tree)
@@ -61,7 +62,7 @@ def test_rerun_is_a_fast_no_op(two_patches) -> None:
     assert head(tree) == before
 
 
-def test_changed_patch_rebuilds_the_tree(two_patches) -> None:
+def test_changed_patch_rebuilds_the_tree(two_patches: Any) -> None:
     upstream, sdist, series, tree = two_patches
     vendor_upstream(upstream, sdist, series, tree)
     make_patch(
@@ -71,7 +72,7 @@ def test_changed_patch_rebuilds_the_tree(two_patches) -> None:
     assert "Line Fifteen" in (tree / "src/code.txt").read_text()
 
 
-def test_local_edits_are_never_destroyed(two_patches) -> None:
+def test_local_edits_are_never_destroyed(two_patches: Any) -> None:
     upstream, sdist, series, tree = two_patches
     vendor_upstream(upstream, sdist, series, tree)
     (tree / "src/code.txt").write_text("my work\n")
@@ -83,7 +84,7 @@ def test_local_edits_are_never_destroyed(two_patches) -> None:
     assert (tree / "src/code.txt").read_text() == "my work\n"
 
 
-def test_unexported_commits_are_never_destroyed(two_patches) -> None:
+def test_unexported_commits_are_never_destroyed(two_patches: Any) -> None:
     upstream, sdist, series, tree = two_patches
     vendor_upstream(upstream, sdist, series, tree)
     (tree / "new.txt").write_text("x\n")
@@ -94,7 +95,7 @@ def test_unexported_commits_are_never_destroyed(two_patches) -> None:
     assert (tree / "new.txt").exists()
 
 
-def test_drifted_context_names_patch_file_and_hunk(two_patches) -> None:
+def test_drifted_context_names_patch_file_and_hunk(two_patches: Any) -> None:
     upstream, sdist, series, tree = two_patches
     drifted = [*LINES[:16], "a context line upstream changed", *LINES[17:]]
     make_patch(
@@ -110,10 +111,10 @@ def test_drifted_context_names_patch_file_and_hunk(two_patches) -> None:
     assert len(git(tree, "log", "--format=%H").stdout.split()) == 2
     assert git(tree, "status", "--porcelain").stdout == ""
     state = read_state(tree)
-    assert not state.complete and state.stopped_at == "0002-second.patch"
+    assert state is not None and not state.complete and state.stopped_at == "0002-second.patch"
 
 
-def test_already_applied_patch_is_reported_as_such(demo) -> None:
+def test_already_applied_patch_is_reported_as_such(demo: Any) -> None:
     upstream, sdist, series = demo(["alpha", "BETA", "gamma"])
     patch = make_patch(
         series / "0001-beta.patch",
@@ -129,7 +130,7 @@ def test_already_applied_patch_is_reported_as_such(demo) -> None:
         vendor_upstream(upstream, sdist, series, tree)
 
 
-def test_series_naming_a_missing_file_touches_nothing(demo) -> None:
+def test_series_naming_a_missing_file_touches_nothing(demo: Any) -> None:
     upstream, sdist, series = demo()
     (series / "series").write_text("0001-missing.patch\n")
     tree = series.parent.parent / "vendor" / "demo"
@@ -138,7 +139,7 @@ def test_series_naming_a_missing_file_touches_nothing(demo) -> None:
     assert not tree.exists()
 
 
-def test_export_round_trip_is_byte_identical(two_patches) -> None:
+def test_export_round_trip_is_byte_identical(two_patches: Any) -> None:
     upstream, sdist, series, tree = two_patches
     vendor_upstream(upstream, sdist, series, tree)
     # Files as exported once are the canonical form; a second export must not move a byte.
@@ -148,7 +149,7 @@ def test_export_round_trip_is_byte_identical(two_patches) -> None:
     assert {p.name: p.read_bytes() for p in series.iterdir()} == before
 
 
-def test_export_adds_a_new_commit_as_a_patch(two_patches) -> None:
+def test_export_adds_a_new_commit_as_a_patch(two_patches: Any) -> None:
     upstream, sdist, series, tree = two_patches
     vendor_upstream(upstream, sdist, series, tree)
     (tree / "src/code.txt").write_text((tree / "src/code.txt").read_text() + "tail\n")
@@ -159,7 +160,7 @@ def test_export_adds_a_new_commit_as_a_patch(two_patches) -> None:
     assert vendor_upstream(upstream, sdist, series, tree) is False  # current again
 
 
-def test_export_refuses_a_commit_without_a_dep3_header(two_patches) -> None:
+def test_export_refuses_a_commit_without_a_dep3_header(two_patches: Any) -> None:
     upstream, sdist, series, tree = two_patches
     vendor_upstream(upstream, sdist, series, tree)
     (tree / "x").write_text("x\n")
@@ -183,7 +184,9 @@ def files_under(root: Path) -> list[str]:
         ({"./": "", "demo-1.0/a": "x"}, "", "names no path"),
     ],
 )
-def test_unsafe_tarball_members_are_refused(tmp_path: Path, members, top, complaint) -> None:
+def test_unsafe_tarball_members_are_refused(
+    tmp_path: Path, members: Any, top: Any, complaint: Any
+) -> None:
     # Unpacking happens in a scratch directory beside the destination: `..` from there is
     # tmp_path/work itself, so that whole tree must stay as it was.
     work = tmp_path / "work"
@@ -213,7 +216,7 @@ def test_links_pointing_outside_are_refused(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def three_patches(demo, tmp_path: Path):
+def three_patches(demo: Any, tmp_path: Path) -> Any:
     upstream, sdist, series = demo(LINES)
     patches = [
         make_patch(series / "0001-first.patch", "src/code.txt", LINES, 1, "LINE 2", "first"),
@@ -224,7 +227,7 @@ def three_patches(demo, tmp_path: Path):
     return upstream, sdist, series, tmp_path / "vendor" / "demo"
 
 
-def stop_at_second(upstream, sdist, series: Path, tree: Path) -> None:
+def stop_at_second(upstream: Any, sdist: Any, series: Path, tree: Path) -> None:
     """Make 0002 drift so the series stops there, as after an upstream bump."""
     drifted = [*LINES[:11], "context upstream changed", *LINES[12:]]
     make_patch(series / "0002-second.patch", "src/code.txt", drifted, 9, "LINE 10", "second")
@@ -238,7 +241,7 @@ def commit_refresh(tree: Path, subject: str, old: str, new: str) -> None:
     git(tree, "commit", "-qam", f"Description: {subject}\nAuthor: me\nForwarded: no\n")
 
 
-def test_export_refuses_a_series_that_stopped_part_way(three_patches) -> None:
+def test_export_refuses_a_series_that_stopped_part_way(three_patches: Any) -> None:
     upstream, sdist, series, tree = three_patches
     stop_at_second(upstream, sdist, series, tree)
     before = {p.name: p.read_bytes() for p in series.iterdir()}
@@ -251,7 +254,7 @@ def test_export_refuses_a_series_that_stopped_part_way(three_patches) -> None:
     assert {p.name: p.read_bytes() for p in series.iterdir()} == before
 
 
-def test_continue_after_a_refresh_then_export_keeps_every_patch(three_patches) -> None:
+def test_continue_after_a_refresh_then_export_keeps_every_patch(three_patches: Any) -> None:
     upstream, sdist, series, tree = three_patches
     stop_at_second(upstream, sdist, series, tree)
     commit_refresh(tree, "second", "line 10", "LINE 10")
@@ -270,7 +273,7 @@ def test_continue_after_a_refresh_then_export_keeps_every_patch(three_patches) -
     assert vendor_upstream(upstream, sdist, series, tree) is False
 
 
-def test_export_refuses_when_patches_changed_since_vendoring(three_patches) -> None:
+def test_export_refuses_when_patches_changed_since_vendoring(three_patches: Any) -> None:
     upstream, sdist, series, tree = three_patches
     vendor_upstream(upstream, sdist, series, tree)
     edited = (series / "0003-third.patch").read_text().replace("Why this", "My edit: why this")
@@ -280,7 +283,7 @@ def test_export_refuses_when_patches_changed_since_vendoring(three_patches) -> N
     assert (series / "0003-third.patch").read_text() == edited
 
 
-def test_export_never_deletes_a_patch_file_it_does_not_replace(three_patches) -> None:
+def test_export_never_deletes_a_patch_file_it_does_not_replace(three_patches: Any) -> None:
     upstream, sdist, series, tree = three_patches
     vendor_upstream(upstream, sdist, series, tree)
     git(tree, "reset", "--quiet", "--hard", "HEAD~1")  # drop the third patch's commit
@@ -289,7 +292,7 @@ def test_export_never_deletes_a_patch_file_it_does_not_replace(three_patches) ->
     assert (series / "0003-third.patch").is_file()
 
 
-def test_export_refuses_duplicate_subjects(three_patches) -> None:
+def test_export_refuses_duplicate_subjects(three_patches: Any) -> None:
     upstream, sdist, series, tree = three_patches
     vendor_upstream(upstream, sdist, series, tree)
     before = {p.name: p.read_bytes() for p in series.iterdir()}
@@ -299,7 +302,7 @@ def test_export_refuses_duplicate_subjects(three_patches) -> None:
     assert {p.name: p.read_bytes() for p in series.iterdir()} == before
 
 
-def test_a_new_commit_whose_subject_makes_a_kept_patchs_name_is_refused(three_patches) -> None:
+def test_a_new_commit_whose_subject_makes_a_kept_patchs_name_is_refused(three_patches: Any) -> None:
     """`First!` inserted at the base, the three re-applied on top: four commits came out as
     three patches (First! took 0001-first.patch, then first overwrote it), and a fresh
     vendor then failed on 0001-first.patch."""
@@ -318,7 +321,7 @@ def test_a_new_commit_whose_subject_makes_a_kept_patchs_name_is_refused(three_pa
     assert {p.name: p.read_bytes() for p in series.iterdir()} == before
 
 
-def test_an_export_that_would_not_rebuild_head_writes_nothing(three_patches) -> None:
+def test_an_export_that_would_not_rebuild_head_writes_nothing(three_patches: Any) -> None:
     """A change git diff cannot carry as text (a binary file) would be lost in the patch:
     the exported series is applied to the pristine tree first, and must give HEAD."""
     upstream, sdist, series, tree = three_patches
@@ -332,7 +335,9 @@ def test_an_export_that_would_not_rebuild_head_writes_nothing(three_patches) -> 
     assert {p.name: p.read_bytes() for p in series.iterdir()} == before
 
 
-def test_export_uses_each_old_name_once_and_never_overwrites_a_left_file(three_patches) -> None:
+def test_export_uses_each_old_name_once_and_never_overwrites_a_left_file(
+    three_patches: Any,
+) -> None:
     upstream, sdist, series, tree = three_patches
     vendor_upstream(upstream, sdist, series, tree)
     third = (series / "0003-third.patch").read_bytes()
@@ -346,7 +351,7 @@ def test_export_uses_each_old_name_once_and_never_overwrites_a_left_file(three_p
 
 
 def test_a_reworded_long_subject_gets_a_new_name_and_leaves_the_old_file(
-    three_patches,
+    three_patches: Any,
 ) -> None:
     """Subjects longer than the 50-character slug: a suffix on the subject was cut off with
     it, and export looped for ever looking for a free name."""
@@ -365,7 +370,7 @@ def test_a_reworded_long_subject_gets_a_new_name_and_leaves_the_old_file(
 
 
 def test_rebuild_refuses_to_delete_files_hidden_by_global_excludes(
-    two_patches, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    two_patches: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     upstream, sdist, series, tree = two_patches
     config = tmp_path / "xdg"
@@ -383,7 +388,7 @@ def test_rebuild_refuses_to_delete_files_hidden_by_global_excludes(
     assert (tree / "notes.local").is_file()
 
 
-def test_half_made_first_vendor_is_detected_and_rebuilt(two_patches) -> None:
+def test_half_made_first_vendor_is_detected_and_rebuilt(two_patches: Any) -> None:
     upstream, sdist, series, tree = two_patches
     # What an interrupt between unpacking and the first commit left, and a scratch tree.
     tree.parent.mkdir(parents=True)
@@ -391,11 +396,12 @@ def test_half_made_first_vendor_is_detected_and_rebuilt(two_patches) -> None:
     git(tree, "init", "--quiet")
     (tree.parent / ".sm120-tmp-123-demo-abc123").mkdir()
     assert vendor_upstream(upstream, sdist, series, tree)
-    assert read_state(tree).complete
+    state = read_state(tree)
+    assert state is not None and state.complete
     assert [p.name for p in tree.parent.iterdir()] == ["demo"]
 
 
-def test_damaged_state_file_is_a_clear_error(two_patches) -> None:
+def test_damaged_state_file_is_a_clear_error(two_patches: Any) -> None:
     upstream, sdist, series, tree = two_patches
     vendor_upstream(upstream, sdist, series, tree)
     (tree / ".git" / "sm120-build.json").write_text('{"inputs": ')
@@ -403,7 +409,7 @@ def test_damaged_state_file_is_a_clear_error(two_patches) -> None:
         vendor_upstream(upstream, sdist, series, tree)
 
 
-def test_git_hooks_in_a_vendor_tree_never_run(three_patches, tmp_path: Path) -> None:
+def test_git_hooks_in_a_vendor_tree_never_run(three_patches: Any, tmp_path: Path) -> None:
     upstream, sdist, series, tree = three_patches
     stop_at_second(upstream, sdist, series, tree)
     marker = tmp_path / "hook-ran"

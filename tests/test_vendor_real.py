@@ -13,6 +13,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,7 @@ def root(vendored_project: Path) -> Path:
     return vendored_project
 
 
-def load_function(path: Path, name: str, namespace: dict) -> object:
+def load_function(path: Path, name: str, namespace: dict[str, Any]) -> Any:
     """Execute one function definition from a source file in the given namespace."""
     tree = ast.parse(path.read_text())
     (node,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
@@ -172,7 +173,7 @@ def test_version_checks_compare_public_versions(root: Path) -> None:
     assert "flashinfer_version != flashinfer_cubin_version" not in text
 
 
-def module_level(source: str, keep: Callable[[ast.stmt], bool], namespace: dict) -> None:
+def module_level(source: str, keep: Callable[[ast.stmt], bool], namespace: dict[str, Any]) -> None:
     """Execute the module-level statements of `source` that `keep` selects."""
     tree = ast.parse(source)
     exec(compile(ast.Module([n for n in tree.body if keep(n)], []), "<wheel>", "exec"), namespace)
@@ -191,7 +192,11 @@ def sglang_gate(wheel: Path, major: int, enabled: bool) -> bool:
         ),
         version=SimpleNamespace(cuda="12.8"),
     )
-    utils: dict = {"torch": device, "lru_cache": functools.lru_cache, "partial": functools.partial}
+    utils: dict[str, Any] = {
+        "torch": device,
+        "lru_cache": functools.lru_cache,
+        "partial": functools.partial,
+    }
     module_level(
         common,
         lambda n: (

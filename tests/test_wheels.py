@@ -98,7 +98,7 @@ def demo_wheel(directory: Path, extra: dict[str, bytes] | None = None) -> Path:
 def test_finalize_is_deterministic_and_records_provenance(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    provenance = {"upstream": {"sha256": "ab" * 32}, "archs": ["12.0a"]}
+    provenance: dict[str, object] = {"upstream": {"sha256": "ab" * 32}, "archs": ["12.0a"]}
     extra = {"demo/data/a,b.txt": b"comma", "demo/run.sh": b"#!/bin/sh\n"}
     first = finalize_wheel(
         demo_wheel(tmp_path, extra), tmp_path / "a", provenance, "manylinux_2_34_x86_64"
@@ -261,7 +261,7 @@ def test_failure_at_the_swap_puts_the_old_wheelhouse_back(
     (wheelhouse / "kept.whl").write_text("old")
     real_rename = os.rename
 
-    def failing_rename(source: object, target: object) -> None:
+    def failing_rename(source: str | Path, target: str | Path) -> None:
         if Path(str(target)) == wheelhouse and ".wheelhouse-new-" in str(source):
             raise OSError(28, "No space left on device")
         real_rename(source, target)

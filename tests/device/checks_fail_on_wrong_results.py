@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import sys
+from typing import Any
 
 import flashinfer
 import flashinfer.norm
@@ -16,8 +17,8 @@ import torch
 from sm120_build.node.serving import FAIL, PASS, attention, elementwise
 
 
-def perturbed(function, where):  # type: ignore[no-untyped-def]
-    def wrong(*args, **kwargs):  # type: ignore[no-untyped-def]
+def perturbed(function: Any, where: Any) -> Any:
+    def wrong(*args: Any, **kwargs: Any) -> Any:
         out = function(*args, **kwargs)
         target = where(out, args)
         flat = target.view(-1)
@@ -28,12 +29,12 @@ def perturbed(function, where):  # type: ignore[no-untyped-def]
 
 
 provenance = json.loads(
-    importlib.metadata.distribution("flashinfer-jit-cache").read_text("sm120-build.json")
+    importlib.metadata.distribution("flashinfer-jit-cache").read_text("sm120-build.json") or "{}"
 )
 attention_modules = [m for m, r in provenance["modules"].items() if r.startswith("attention")]
 norm_modules = [m for m, r in provenance["modules"].items() if r == "norm"]
 failures = 0
-for label, owner, name, where, run in (
+CASES: list[tuple[str, Any, str, Any, Any]] = [
     (
         "norm rmsnorm",
         flashinfer.norm,
@@ -55,7 +56,8 @@ for label, owner, name, where, run in (
         lambda out, args: out,
         lambda: [r for r in attention.check(attention_modules) if r.case.startswith("decode")],
     ),
-):
+]
+for label, owner, name, where, run in CASES:
     original = getattr(owner, name)
     setattr(owner, name, perturbed(original, where))
     wrong = run()
