@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError, exit_status
-from .install import install_checked
+from .install import add_node_options, install_checked
 from .ranks import allreduce_fusion, free_port, init_ranks
 
 SIZES = [(tokens, hidden) for hidden in (4096, 7168) for tokens in (16, 128, 1024)]
@@ -324,16 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         help="time each 0004 launcher's host cost per eager call instead (one GPU is enough)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
-    parser.add_argument(
-        "--install",
-        type=Path,
-        metavar="DIR",
-        help="first install DIR's wheels into this Python, each checked against "
-        "DIR/SHA256SUMS (nox passes wheelhouse/); without it, what is installed is checked",
-    )
-    parser.add_argument(
-        "--verbose", action="store_true", help="show the traceback of an unexpected error"
-    )
+    add_node_options(parser)
     args = parser.parse_args(argv)
     return exit_status(lambda: _bench(args), args.verbose)
 

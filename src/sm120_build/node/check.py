@@ -30,7 +30,7 @@ from ..errors import UserError, exit_status
 from ..layout import PROVENANCE_FILE
 from ..profiles import load as load_profiles
 from ..profiles import specs_of
-from .install import install_checked
+from .install import add_node_options, install_checked
 
 _SERIES = re.compile(r"^p[0-9a-f]{8}$")
 
@@ -207,16 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         help="check this profile of profiles.toml instead of what the wheel was built from",
     )
     parser.add_argument("--json", type=Path, help="also write the findings to this file")
-    parser.add_argument(
-        "--install",
-        type=Path,
-        metavar="DIR",
-        help="first install DIR's wheels into this Python, each checked against "
-        "DIR/SHA256SUMS (nox passes wheelhouse/); without it, what is installed is checked",
-    )
-    parser.add_argument(
-        "--verbose", action="store_true", help="show the traceback of an unexpected error"
-    )
+    add_node_options(parser)
     args = parser.parse_args(argv)
     return exit_status(lambda: _run(args), args.verbose)
 

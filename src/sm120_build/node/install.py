@@ -9,6 +9,7 @@ wheels' own: the checks that follow look at what is installed.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.metadata
 import re
@@ -22,6 +23,20 @@ from ..sums import SUMS_FILE, checked_wheels
 
 # sglang too: patch 0003 is what loads its own kernels from the jit-cache wheel.
 OURS = ("flashinfer-python", "flashinfer-jit-cache", "sglang")
+
+
+def add_node_options(parser: argparse.ArgumentParser) -> None:
+    """--install and --verbose, which every node tool takes."""
+    parser.add_argument(
+        "--install",
+        type=Path,
+        metavar="DIR",
+        help="first install DIR's wheels into this Python, each checked against "
+        "DIR/SHA256SUMS (nox passes wheelhouse/); without it, what is installed is checked",
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", help="show the traceback of an unexpected error"
+    )
 
 
 def _name_and_version(wheel: Path) -> tuple[str, str]:

@@ -30,7 +30,7 @@ from ..layout import PROVENANCE_FILE
 from ..profiles import load as load_profiles
 from ..sglang_kernels import MODULE_PREFIX
 from .check import runs_on
-from .install import install_checked
+from .install import add_node_options, install_checked
 from .serving import FAIL, NOT_RUNNABLE, PASS, Row
 
 NO_CHECK = "no check written yet"
@@ -169,16 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "--world-size", type=int, help="trtllm_comm ranks (default: one per GPU, two on one GPU)"
     )
     parser.add_argument("--json", type=Path, help="also write all rows to this file")
-    parser.add_argument(
-        "--install",
-        type=Path,
-        metavar="DIR",
-        help="first install DIR's wheels into this Python, each checked against "
-        "DIR/SHA256SUMS (nox passes wheelhouse/); without it, what is installed is checked",
-    )
-    parser.add_argument(
-        "--verbose", action="store_true", help="show the traceback of an unexpected error"
-    )
+    add_node_options(parser)
     args = parser.parse_args(argv)
     return exit_status(lambda: _verify(args), args.verbose)
 
