@@ -13,11 +13,14 @@ from sm120_build.bump import (
     Candidate,
     GateSummary,
     PatchVerdict,
+    _git_commit,
     classify_series,
+    companion_hashes,
     pin_set_problems,
     verdict,
     write,
 )
+from sm120_build.errors import UserError
 from sm120_build.gitrepo import git
 from sm120_build.patches import read_patch
 from sm120_build.pins import load as load_pins
@@ -304,3 +307,27 @@ def test_an_incoherent_pin_set_names_the_pair_to_ask_for() -> None:
     pinned = {"flashinfer-python": Requirement("flashinfer_python==0.6.3")}
     assert pin_set_problems([flashinfer], pins, pinned)
     assert not pin_set_problems([Candidate(pins.upstream("flashinfer"))], pins, pinned)
+
+
+def test_the_recorded_git_commit_is_read_in_either_spelling(tmp_path: Path) -> None:
+    """0.6.17's _build_meta.py records __git_commit__; only __git_version__ was read."""
+    meta = tmp_path / "flashinfer" / "_build_meta.py"
+    meta.parent.mkdir()
+    meta.write_text('__version__ = "0.6.17"\n__git_commit__ = "0123abcd"\n')
+    assert _git_commit(tmp_path) == "0123abcd"
+    meta.write_text('__version__ = "0.6.3"\n__git_version__ = "d0886ce2"\n')
+    assert _git_commit(tmp_path) == "d0886ce2"
+
+
+def test_a_missing_cubin_says_what_the_index_has_and_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--write used to stop with pip's bare error when the index lacked the cubin."""
+    links = tmp_path / "links"
+    links.mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    with pytest.raises(UserError, match=r"the index has no flashinfer-cubin==0\.6\.17 \(it has"):
+        companion_hashes("flashinfer-cubin", "0.6.17", tmp_path / "out")
+    with pytest.raises(UserError, match=r"Publish a flashinfer-cubin 0\.6\.17 wheel.*Nothing was"):
+        companion_hashes("flashinfer-cubin", "0.6.17", tmp_path / "out")
