@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120_build.bump import fetch_candidate
+from sm120_build.bump.candidate import fetch_candidate
 from sm120_build.errors import UserError
 from sm120_build.fetch import fetch_sdist
 from sm120_build.jit_cache.overlay import check_base, overlay_base
