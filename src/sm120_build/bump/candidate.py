@@ -196,8 +196,15 @@ def pin_set_problems(
     wanted = requires.get("flashinfer-python")
     if wanted is None or wanted.specifier.contains(flashinfer.version, prereleases=True):
         return []
-    exact = [spec.version for spec in wanted.specifier if spec.operator == "=="]
-    ask = f"sglang=={sglang.version} flashinfer-python=={exact[0]}" if exact else str(wanted)
+    if "sglang" in moved:
+        # sglang names the FlashInfer it needs: ask for the two together.
+        exact = [spec.version for spec in wanted.specifier if spec.operator == "=="]
+        ask = f"sglang=={sglang.version} flashinfer-python=={exact[0]}" if exact else str(wanted)
+    else:
+        ask = (
+            f"flashinfer-python=={flashinfer.version} together with an sglang release whose "
+            f"metadata accepts it (the pinned {sglang.version} does not)"
+        )
     return [
         f"sglang {sglang.version} requires {wanted}, which flashinfer-python "
         f"{flashinfer.version} does not meet; ask for: {ask}"
