@@ -79,6 +79,12 @@ def test_base_wheel_members_may_only_go_where_a_jit_cache_keeps_them(
         check_base(base, "0.6.3")
 
 
+def test_a_well_formed_jit_cache_wheel_with_its_licences_is_taken(tmp_path: Path) -> None:
+    """PEP 639 puts licence texts in .dist-info/licenses/: a real jit-cache wheel has them."""
+    licence = "flashinfer_jit_cache-0.6.3+cu130.dist-info/licenses/licenses/FlashInfer-LICENSE.txt"
+    check_base(base_wheel(tmp_path, jit_cache_files("0.6.3+cu130", {licence: b"text"})), "0.6.3")
+
+
 def test_a_base_wheel_with_a_link_member_is_refused(tmp_path: Path) -> None:
     base = base_wheel(tmp_path, jit_cache_files("0.6.3+cu130"))
     with zipfile.ZipFile(base, "a") as archive:

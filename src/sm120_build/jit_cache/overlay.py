@@ -33,7 +33,7 @@ def base_member_problem(name: str) -> str | None:
         return None
     if name.startswith("flashinfer_jit_cache/"):
         return None
-    if re.fullmatch(r"flashinfer_jit_cache-[^/]+\.dist-info/[^/]+", name):
+    if re.fullmatch(r"flashinfer_jit_cache-[^/]+\.dist-info/.+", name):  # licenses/ too
         return None
     return "lies outside flashinfer_jit_cache/ and its .dist-info/"
 
