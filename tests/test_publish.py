@@ -401,17 +401,22 @@ def test_static_index_refuses_other_content_under_a_name_and_writes_nothing(
 def test_publishes_what_build_wheels_produced(
     built_project: Path, index: Any, tmp_path: Any
 ) -> None:
-    """The README's node command against the published index: our wheels from it,
-    flashinfer-cubin from the index pip is configured with, all hash-checked."""
+    """The README's node command against the published index alone (no fallback to the
+    public one): our wheels and flashinfer-cubin, which publish took along, hash-checked."""
     root = tmp_path / "published"
     root.mkdir()
     shutil.copy(REPO / "pins.toml", root)
     shutil.copytree(built_project / "wheelhouse", root / "wheelhouse")
     result = publish(root, "--repository-url", index.upload, "--index-url", index.simple)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count(": uploaded") == 3
+    assert result.stderr.count(": uploaded") == 4  # our three wheels and flashinfer-cubin
     venv = tmp_path / "node-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    only_the_index = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "PIP_CONFIG_FILE": os.devnull,
+    }
     subprocess.run(
         [
             str(venv / "bin/python"),
@@ -421,14 +426,15 @@ def test_publishes_what_build_wheels_produced(
             "--quiet",
             "--require-hashes",
             "--no-deps",
-            "--extra-index-url",
+            "--index-url",
             index.simple,
             "-r",
             str(root / "wheelhouse/requirements.txt"),
         ],
+        env=only_the_index,
         check=True,
     )
-    installed = installed_versions(venv / "bin/python")
+    installed = installed_versions(venv / "bin/python", only_the_index)
     for name, version in required_versions(root).items():
         assert installed[name] == version
     assert "flashinfer-cubin" in installed
