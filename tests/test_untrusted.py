@@ -209,7 +209,7 @@ def test_an_sdist_with_a_link_member_writes_nothing_through_it(
 # --- the wheelhouse on a node ------------------------------------------------------------
 
 
-def fake_flashinfer_wheel(directory: Path, project: str, version: str, body: bytes) -> Path:
+def fake_pure_wheel(directory: Path, project: str, version: str, body: bytes) -> Path:
     package = project.replace("-", "_")
     return zip_wheel(
         directory / f"{package}-{version}-py3-none-any.whl",
@@ -227,8 +227,13 @@ def fake_flashinfer_wheel(directory: Path, project: str, version: str, body: byt
 
 def wheelhouse_of(directory: Path, body: bytes) -> Path:
     directory.mkdir(parents=True)
-    for project in ("flashinfer-python", "flashinfer-jit-cache"):
-        fake_flashinfer_wheel(directory, project, "0.6.3+sm120.p12345678", body)
+    # The three wheels the node installs (node/install.OURS).
+    for project, version in (
+        ("flashinfer-python", "0.6.3"),
+        ("flashinfer-jit-cache", "0.6.3"),
+        ("sglang", "0.5.9"),
+    ):
+        fake_pure_wheel(directory, project, f"{version}+sm120.p12345678", body)
     (directory / "SHA256SUMS").write_text(
         "".join(
             f"{__import__('hashlib').sha256(p.read_bytes()).hexdigest()}  {p.name}\n"
