@@ -7,8 +7,10 @@ nox -l                              every session, with its help
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -336,6 +338,35 @@ def tests_fast(session: nox.Session) -> None:
     """The fast tests on one claimed Python (nox -s tests queues each)."""
     _install_tool(session, *BUILD_REQUIREMENTS, *TEST_REQUIREMENTS, *PUBLISH_REQUIREMENTS)
     session.run("pytest", *(session.posargs or ["-m", "not slow"]))
+
+
+@nox.session
+def mutants(session: nox.Session) -> None:
+    """Mutation testing (mutmut) of the modules that guard data and trust, listed under
+    [tool.mutmut] in pyproject.toml, against the fast tests. Prints killed, survived and
+    untested mutants and the kill ratio, and fails below 90 % (docs/mutation.md). Tens of
+    minutes on two cores: CI runs it on a schedule, not on every push.
+
+    Takes no options.
+    """
+    if _asks_for_help(session):
+        session.log(mutants.__doc__ or "")
+        return
+    # Not the package itself: mutmut imports it from its mutated copy (mutants/src). The
+    # tests' subprocesses (`python -m sm120_build ...`) run the unmutated source.
+    session.install(*COMPILE_REQUIREMENTS, *TEST_REQUIREMENTS, *PUBLISH_REQUIREMENTS, "packaging")
+    shutil.rmtree(ROOT / "mutants", ignore_errors=True)  # results of other code would be reused
+    session.run("mutmut", "run", env={"PYTHONPATH": str(SRC)}, success_codes=[0, 1])
+    session.run("mutmut", "export-cicd-stats", silent=True)
+    stats = json.loads((ROOT / "mutants" / "mutmut-cicd-stats.json").read_text())
+    session.run("mutmut", "results")
+    ratio = stats["killed"] / max(stats["total"], 1)
+    session.log(
+        f"{stats['killed']} of {stats['total']} mutants killed ({ratio:.0%}); "
+        f"{stats['survived']} survived, {stats['no_tests']} reached by no in-process test"
+    )
+    if ratio < 0.90:
+        session.error("kill ratio below 90 %: `mutmut show <name>` shows a survivor")
 
 
 @nox.session

@@ -52,7 +52,7 @@ def run_steps(path: Path) -> list[tuple[str, str]]:
 
 
 def test_the_release_workflow_is_there() -> None:
-    assert [p.name for p in WORKFLOWS] == ["leg.yml", "release.yml"]
+    assert [p.name for p in WORKFLOWS] == ["leg.yml", "mutants.yml", "release.yml"]
 
 
 def test_the_cuda_legs_do_not_block_each_other_and_never_race() -> None:

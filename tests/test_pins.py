@@ -38,6 +38,7 @@ def test_the_committed_pins_load() -> None:
         (GOOD_SHA, GOOD_SHA.upper(), r"\[upstream.flashinfer\] sha256 is not 64 lowercase hex"),
         (GOOD_SHA, GOOD_SHA[:63], r"sha256 is not 64 lowercase hex"),
         (GOOD_SHA, GOOD_SHA[:63] + "g", r"sha256 is not 64 lowercase hex"),
+        (GOOD_SHA, GOOD_SHA[:63] + "X", r"sha256 is not 64 lowercase hex"),
         (f'sha256 = "{GOOD_SHA}"', "sha256 = 1", r"\[upstream.flashinfer\] sha256 must be strings"),
         (f'sha256 = "{GOOD_SHA}"\n', "", r"\[upstream.flashinfer\] lacks sha256"),
         ('sdist = "flashinfer_python-0.6.3.tar.gz"\n', "", r"lacks sdist"),
