@@ -15,6 +15,7 @@ from sm120_build.audit.device import (
     enclosing_function,
 )
 from sm120_build.audit.python_ast import python_findings
+from sm120_build.cache import cache_lock
 from sm120_build.layout import Layout
 
 
@@ -194,7 +195,11 @@ def test_device_gate_hidden_behind_a_macro_is_found(tmp_path: Path) -> None:
         (tree / source).parent.mkdir(parents=True, exist_ok=True)
         (tree / source).write_text(kernel if source.endswith("trtllm_allreduce.cu") else "")
     assert "1200" not in (tree / "csrc/trtllm_allreduce.cu").read_text()
-    cuda = toolkit.pip_toolkit(PINS_TOOLKIT, Layout.from_root(REPO).cache)
+    # The shared cache, taken as every command takes it: adopted (marked) and locked. Written
+    # to unmarked, it would be refused by the next command that uses it.
+    cache = Layout.from_root(REPO).cache
+    with cache_lock(cache):
+        cuda = toolkit.pip_toolkit(PINS_TOOLKIT, cache)
     found = device_findings(tree.resolve(), "flashinfer", cuda)
     assert [(f.file, f.line, f.function, f.condition) for f in found] == [
         ("csrc/trtllm_allreduce.cu", 4, "fused_kernel", "#if PDL_SUPPORTED")
