@@ -233,12 +233,26 @@ def publish(session: nox.Session) -> None:
     -- --repository-url URL --index-url URL   (or --repository NAME from ~/.pypirc)
     -- --static DIR                            PEP 503 tree for an air-gapped mirror
     -- --timeout SECONDS                       give up on an index that does not answer
+    -- --with-dependencies                     also the closure of wheelhouse/node-lock.txt
     Credentials: TWINE_USERNAME/TWINE_PASSWORD, a keyring, or ~/.pypirc. Never part of
     build_wheels.
     Every sm120-build command also takes --verbose (the traceback of an unexpected error)
     and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
     """
     _sm120_build(session, "publish", *PUBLISH_REQUIREMENTS)
+
+
+@nox.session
+def lock_node(session: nox.Session) -> None:
+    """Write wheelhouse/node-lock.txt: everything a fresh node needs to run sglang with the
+    wheelhouse's wheels, hash-pinned, resolved with uv from pip's configured sources.
+
+    -- [--python-version X.Y (default 3.12)] [--platform ARCH-manylinux_2_Y (default: the
+       newest manylinux tag of the wheelhouse's wheels)]
+    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
+    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
+    """
+    _sm120_build(session, "lock-node", *PUBLISH_REQUIREMENTS)
 
 
 @nox.session

@@ -24,6 +24,7 @@ COMMANDS = {
     "shard_matrix": ["-m", "sm120_build", "shard-matrix"],
     "merge_shards": ["-m", "sm120_build", "merge-shards"],
     "publish": ["-m", "sm120_build", "publish"],
+    "lock_node": ["-m", "sm120_build", "lock-node"],
     "bench": ["-m", "sm120_build.bench"],
     "verify_gpu": ["-m", "sm120_build.node.verify"],
     "node_check": ["-m", "sm120_build.node.check"],

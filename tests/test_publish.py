@@ -92,10 +92,13 @@ def index(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
     log.close()
 
 
-def small_wheel(directory: Path, name: str, version: str, payload: str = "") -> Path:
+def small_wheel(
+    directory: Path, name: str, version: str, payload: str = "", requires: tuple[str, ...] = ()
+) -> Path:
     metadata = (
         f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: test\n"
-        "Description-Content-Type: text/plain\n\nA test wheel.\n"
+        + "".join(f"Requires-Dist: {requirement}\n" for requirement in requires)
+        + "Description-Content-Type: text/plain\n\nA test wheel.\n"
     )
     raw = directory / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(raw, "w") as archive:
@@ -250,6 +253,20 @@ def test_same_name_other_content_is_refused(project: Path, index: Any, tmp_path:
     assert f"{tampered.name}: on the index with OTHER content (sha256 {other_sha})" in (
         result.stderr
     )
+
+
+def test_a_conflict_on_the_last_file_stops_the_run_before_any_upload(
+    project: Path, index: Any, tmp_path: Path
+) -> None:
+    """beta_pkg sorts last: alpha_pkg, which the index lacks, must not be uploaded either."""
+    (tampered,) = (project / "wheelhouse").glob("beta_pkg-*.whl")
+    other = small_wheel(tmp_path, "beta_pkg", "2.0", payload="changed = 1\n")
+    shutil.copyfile(other, index.packages / tampered.name)
+    result = publish(project, "--repository-url", index.upload, "--index-url", index.simple)
+    assert result.returncode == 1
+    assert "nothing was uploaded" in result.stderr
+    assert not list(index.packages.glob("alpha_pkg-*"))
+    assert "alpha_pkg-1.0+sm120.pabc12345-py3-none-any.whl: NOT on the index" in result.stderr
 
 
 def test_wrong_password_is_a_clear_auth_error_and_uploads_nothing(

@@ -8,7 +8,19 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
-from . import audit, bump, console, fetch, jit_cache, pins, pipeline, publish, toolkit, vendor
+from . import (
+    audit,
+    bump,
+    console,
+    fetch,
+    jit_cache,
+    node_lock,
+    pins,
+    pipeline,
+    publish,
+    toolkit,
+    vendor,
+)
 from .cache import cache_lock, scratch_directory
 from .console import say
 from .errors import UserError, exit_status
@@ -161,19 +173,27 @@ def _bump(layout: Layout, args: argparse.Namespace) -> int:
 
 
 def _publish(layout: Layout, args: argparse.Namespace) -> None:
-    if args.static:
-        publish.write_static_index(layout.wheelhouse, args.static.resolve(), layout.cache)
-        return
-    if not args.index_url:
+    if not args.static and not args.index_url:
         raise UserError("--index-url is required: the simple index to read the upload back from")
-    publish.publish(
-        layout.wheelhouse,
-        args.repository_url,
-        args.repository,
-        args.index_url,
-        layout.cache,
-        args.timeout,
-    )
+    with publish.closure_wheels(layout.wheelhouse, layout.cache, args.with_dependencies) as closure:
+        if args.static:
+            publish.write_static_index(
+                layout.wheelhouse, args.static.resolve(), layout.cache, closure
+            )
+            return
+        publish.publish(
+            layout.wheelhouse,
+            args.repository_url,
+            args.repository,
+            args.index_url,
+            layout.cache,
+            args.timeout,
+            closure,
+        )
+
+
+def _lock_node(layout: Layout, args: argparse.Namespace) -> None:
+    node_lock.lock_node(layout.wheelhouse, args.python_version, args.platform)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -350,7 +370,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="give up on an index that does not answer a request or an upload in this time "
         f"(default {publish.DEFAULT_TIMEOUT})",
     )
+    sub.add_argument(
+        "--with-dependencies",
+        action="store_true",
+        help=f"also publish every file of wheelhouse/{node_lock.LOCK_FILE} for its target "
+        "(nox -s lock_node): the closure a fresh node installs, gigabytes",
+    )
     sub.set_defaults(run=_publish, locks_cache=True)  # companions are fetched into the cache
+
+    sub = commands.add_parser(
+        "lock-node",
+        parents=[common],
+        help=f"write wheelhouse/{node_lock.LOCK_FILE}: the hash-pinned closure a fresh node "
+        "installs, resolved with uv for a target",
+    )
+    sub.add_argument(
+        "--python-version",
+        default=node_lock.DEFAULT_PYTHON,
+        metavar="X.Y",
+        help=f"the node's Python (default {node_lock.DEFAULT_PYTHON})",
+    )
+    sub.add_argument(
+        "--platform",
+        metavar="ARCH-manylinux_2_Y",
+        help="the node's platform, by its glibc (default: the newest manylinux tag of the "
+        f"wheelhouse's wheels, {node_lock.FALLBACK_PLATFORM} if all are pure Python)",
+    )
+    sub.set_defaults(run=_lock_node, locks_cache=False)
     return parser
 
 

@@ -19,6 +19,7 @@ from .errors import UserError
 from .jit_cache import KernelRequest, Part, ShardSpec
 from .layout import Layout
 from .pins import Pins, Upstream
+from .tool_wheel import build_tool_wheel
 
 PACKAGE_DIR = Path(__file__).parent
 
@@ -162,6 +163,8 @@ def _wheelhouse(
         lap("flashinfer-python wheel")
         built.append(build_sglang(layout, pins, final_dir))
         lap("sglang wheel")
+        built.append(build_tool_wheel(final_dir))
+        lap("node tools wheel")
         wheels.assemble_wheelhouse(built, list(pins.companions.values()), layout.wheelhouse)
         lap("wheelhouse")
     where = (
@@ -174,7 +177,8 @@ def _wheelhouse(
         say(f"  {name}")
     say(
         f"next: on a node, pip install --require-hashes --no-deps --find-links {where}/ "
-        f"-r {where}/requirements.txt, then nox -s node_check; or nox -s publish"
+        f"-r {where}/requirements.txt, then sm120-node-check; or nox -s lock_node and "
+        "nox -s publish"
     )
 
 

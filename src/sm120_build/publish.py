@@ -19,6 +19,8 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,11 +29,12 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
-from .cache import sha256_of
+from .cache import scratch_directory, sha256_of
 from .console import say
 from .errors import UserError
 from .fetch import fetch_pinned_wheel
 from .index import Reader, page_links, project_of, server_of
+from .node_lock import mirror_files
 from .sums import checked_wheels
 
 DEFAULT_TIMEOUT = 120  # seconds: one request to the index, or one upload
@@ -79,6 +82,26 @@ def companion_wheels(wheelhouse: Path, ours: list[LocalWheel], cache: Path) -> l
         path = fetch_pinned_wheel(spec, cache)
         companions.append(LocalWheel(path, str(canonicalize_name(match["name"])), sha256_of(path)))
     return companions
+
+
+@contextmanager
+def closure_wheels(wheelhouse: Path, cache: Path, wanted: bool) -> Iterator[list[LocalWheel]]:
+    """With --with-dependencies, every file of wheelhouse/node-lock.txt for its target,
+    fetched through pip with its pinned hash (for as long as the publishing takes)."""
+    if not wanted:
+        yield []
+        return
+    with scratch_directory(cache, "closure") as scratch:
+        yield [
+            LocalWheel(path, str(canonicalize_name(parse_wheel_filename(path.name)[0])), digest)
+            for path in mirror_files(wheelhouse, scratch)
+            for digest in [sha256_of(path)]
+        ]
+
+
+def _with(wheels: list[LocalWheel], more: list[LocalWheel]) -> list[LocalWheel]:
+    names = {wheel.path.name for wheel in wheels}
+    return wheels + [wheel for wheel in more if wheel.path.name not in names]
 
 
 def local_wheels(wheelhouse: Path) -> list[LocalWheel]:
@@ -159,12 +182,13 @@ def publish(
     index_url: str,
     cache: Path,
     timeout: float = DEFAULT_TIMEOUT,
+    closure: list[LocalWheel] | None = None,
 ) -> None:
     index_url = check_url(index_url, "--index-url")
     if repository_url:
         check_url(repository_url, "--repository-url")
     ours = local_wheels(wheelhouse)
-    wheels = ours + companion_wheels(wheelhouse, ours, cache)
+    wheels = _with(ours + companion_wheels(wheelhouse, ours, cache), closure or [])
     check = _twine("check", *(str(w.path) for w in wheels))
     if check.returncode != 0:
         raise UserError(f"twine check failed:\n{check.stdout}{check.stderr}")
@@ -177,22 +201,27 @@ def publish(
     reader = Reader(timeout, twine_credentials(repository_url, repository))
     status: dict[str, str] = {}
     try:
+        # Every file is looked up before any is uploaded: one the index serves with other
+        # content stops the run with nothing uploaded.
+        missing = []
         for wheel in wheels:
             served = served_files(reader, index_url, wheel.project)
-            if wheel.path.name in served:
-                if served[wheel.path.name] != wheel.sha256:
-                    status[wheel.path.name] = (
-                        f"on the index with OTHER content (sha256 {served[wheel.path.name]})"
-                    )
-                    raise UserError(
-                        f"{index_url} already serves {wheel.path.name} with other "
-                        f"content:\n  index sha256 {served[wheel.path.name]}\n"
-                        f"  ours  sha256 {wheel.sha256}\n"
-                        "Indexes do not allow replacing a file; nothing after it was uploaded."
-                    )
+            if wheel.path.name not in served:
+                missing.append(wheel)
+            elif served[wheel.path.name] != wheel.sha256:
+                status[wheel.path.name] = (
+                    f"on the index with OTHER content (sha256 {served[wheel.path.name]})"
+                )
+                raise UserError(
+                    f"{index_url} already serves {wheel.path.name} with other "
+                    f"content:\n  index sha256 {served[wheel.path.name]}\n"
+                    f"  ours  sha256 {wheel.sha256}\n"
+                    "Indexes do not allow replacing a file; nothing was uploaded."
+                )
+            else:
                 status[wheel.path.name] = "already there (identical), skipped"
-                continue
-            say(f"uploading {wheel.path.name}")
+        for number, wheel in enumerate(missing, 1):
+            say(f"uploading {wheel.path.name} ({number} of {len(missing)})")
             server = server_of(repository_url) if repository_url else f"repository {repository}"
             try:
                 upload = _twine(
@@ -238,7 +267,9 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(partial, path)
 
 
-def write_static_index(wheelhouse: Path, destination: Path, cache: Path) -> None:
+def write_static_index(
+    wheelhouse: Path, destination: Path, cache: Path, closure: list[LocalWheel] | None = None
+) -> None:
     """Add the wheelhouse to a PEP 503 tree (packages/ + simple/) that pip installs from
     over file:// or HTTP, creating it or merging into it.
 
@@ -247,7 +278,7 @@ def write_static_index(wheelhouse: Path, destination: Path, cache: Path) -> None
     pages of the projects we add to are regenerated from packages/; the others are kept.
     """
     ours = local_wheels(wheelhouse)
-    wheels = ours + companion_wheels(wheelhouse, ours, cache)
+    wheels = _with(ours + companion_wheels(wheelhouse, ours, cache), closure or [])
     packages, simple = destination / "packages", destination / "simple"
     if destination.exists() and not destination.is_dir():
         raise UserError(f"--static {destination} is a file; name a directory")

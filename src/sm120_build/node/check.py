@@ -1,6 +1,8 @@
-"""`nox -s node_check`: on a serving node, prove that FlashInfer will not JIT-compile.
+"""`sm120-node-check` (or `nox -s node_check` from a checkout): on a serving node, prove that
+FlashInfer and sglang will not JIT-compile.
 
-Runs where torch and the wheelhouse's FlashInfer wheels are installed. For every module of
+Runs where torch and the wheelhouse's wheels are installed; it installs nothing unless
+--install DIR asks it to. For every module of
 the profile (by default the recipes the installed jit-cache wheel records it was built
 from), it asks the installed FlashInfer for the module, as the serving path would, and
 loads it with FLASHINFER_DISABLE_JIT=1. It fails, naming the cause, when
@@ -30,7 +32,7 @@ from ..errors import UserError, exit_status
 from ..layout import PROVENANCE_FILE
 from ..profiles import load as load_profiles
 from ..profiles import specs_of
-from .install import add_node_options, install_checked
+from .install import add_node_options, disable_jit, install_checked
 
 _SERIES = re.compile(r"^p[0-9a-f]{8}$")
 
@@ -215,8 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.install is not None:
         install_checked(args.install)
-    if os.environ.get("FLASHINFER_DISABLE_JIT") != "1":
-        raise UserError("run with FLASHINFER_DISABLE_JIT=1 (nox -s node_check sets it)")
+    disable_jit()
     problems: list[str] = []
     jit_cache = provenance("flashinfer-jit-cache")
     python = provenance("flashinfer-python")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import os
 import re
 import subprocess
 import sys
@@ -37,6 +38,18 @@ def add_node_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--verbose", action="store_true", help="show the traceback of an unexpected error"
     )
+
+
+def disable_jit() -> None:
+    """FLASHINFER_DISABLE_JIT=1 for what follows, so a module that is not prebuilt fails
+    instead of compiling; set before FlashInfer is imported. Another value is refused."""
+    value = os.environ.setdefault("FLASHINFER_DISABLE_JIT", "1")
+    if value != "1":
+        raise UserError(
+            f"FLASHINFER_DISABLE_JIT is {value!r}: a node check runs with JIT compilation "
+            "disabled (1), so that a module missing from the wheels fails instead of being "
+            "compiled; unset it"
+        )
 
 
 def _name_and_version(wheel: Path) -> tuple[str, str]:

@@ -1,5 +1,5 @@
-"""`nox -s verify_gpu`: every module of the installed jit-cache wheel computes the right thing
-on this node's GPU.
+"""`sm120-verify-gpu` (or `nox -s verify_gpu` from a checkout): every module of the
+installed jit-cache wheel computes the right thing on this node's GPU.
 
 For each module (or those of --module / --profile) the check of its recipe runs it through
 FlashInfer's public API (sglang's own wrappers for sglang's kernels), as sglang 0.5.9 calls
@@ -9,7 +9,7 @@ is reported as not runnable, never as passed; a module whose recipe has no check
 reported as such. One table row per check; the exit status is 1 on any failure, or when
 nothing at all could run.
 
-Run with FLASHINFER_DISABLE_JIT=1 (nox sets it), in the Python that serves sglang.
+Runs in the Python that serves sglang, with FLASHINFER_DISABLE_JIT=1 (set unless it is set).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import os
 import re
 import sys
 import time
@@ -30,7 +29,7 @@ from ..layout import PROVENANCE_FILE
 from ..profiles import load as load_profiles
 from ..sglang_kernels import MODULE_PREFIX
 from .check import runs_on
-from .install import add_node_options, install_checked
+from .install import add_node_options, disable_jit, install_checked
 from .serving import FAIL, NOT_RUNNABLE, PASS, Row
 
 NO_CHECK = "no check written yet"
@@ -177,11 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 def _verify(args: argparse.Namespace) -> int:
     if args.install is not None:
         install_checked(args.install)
-    if os.environ.get("FLASHINFER_DISABLE_JIT") != "1":
-        raise UserError(
-            "run with FLASHINFER_DISABLE_JIT=1 (nox -s verify_gpu sets it), so a missing "
-            "prebuilt module fails instead of compiling"
-        )
+    disable_jit()
     import torch
 
     if not torch.cuda.is_available():

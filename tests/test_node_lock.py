@@ -1,0 +1,164 @@
+"""lock-node and publish --with-dependencies: the fresh-node closure, resolved by uv from
+pip's configured sources, installed by pip with --require-hashes from the published index
+alone; a tampered file fails with pip's own hash error."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sm120_build.node_lock import Target, parse_pins, platform_of
+from sm120_build.sums import checked_wheels
+from sm120_build.wheels import assemble_wheelhouse
+
+from .conftest import REPO, installed_versions
+from .test_publish import small_wheel
+
+pytestmark = pytest.mark.slow  # fresh virtual environments, real uv and pip
+
+
+@pytest.fixture
+def closure(tmp_path: Path) -> dict[str, Path]:
+    """A project whose wheelhouse holds alpha (which needs gamma) and beta, and a find-links
+    directory, pip's only configured source, that serves gamma."""
+    links = tmp_path / "links"
+    links.mkdir()
+    gamma = small_wheel(tmp_path, "gamma_pkg", "3.0")
+    shutil.move(gamma, links / gamma.name)
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy(REPO / "pins.toml", root)
+    (tmp_path / "scratch").mkdir()
+    wheels = [
+        small_wheel(
+            tmp_path / "scratch", "alpha_pkg", "1.0+sm120.pabc12345", requires=("gamma-pkg>=3",)
+        ),
+        small_wheel(tmp_path / "scratch", "beta_pkg", "2.0"),
+    ]
+    assemble_wheelhouse(wheels, [], root / "wheelhouse")
+    return {"root": root, "links": links, "tmp": tmp_path}
+
+
+def pip_env(closure: dict[str, Path], **more: str) -> dict[str, str]:
+    """pip configured as the build machine's: find-links only, no index."""
+    return dict(
+        os.environ,
+        PIP_CONFIG_FILE=os.devnull,
+        PIP_NO_INDEX="1",
+        PIP_FIND_LINKS=str(closure["links"]),
+        SM120_CACHE_DIR=str(closure["tmp"] / "cache"),
+        HOME=str(closure["tmp"]),
+        **more,
+    )
+
+
+def sm120_build(closure: dict[str, Path], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sm120_build", *args],
+        cwd=closure["root"],
+        env=pip_env(closure),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def fresh_venv(where: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+    return where / "bin" / "python"
+
+
+def node_install(python: Path, lock: Path, *sources: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ["PATH"], "HOME": str(lock.parent), "PIP_CONFIG_FILE": os.devnull}
+    return subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--require-hashes",
+            "--no-deps",
+            *sources,
+            "-r",
+            str(lock),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_the_lock_names_its_target_and_pins_the_whole_closure(closure: dict[str, Path]) -> None:
+    result = sm120_build(closure, "lock-node", "--python-version", "3.11")
+    assert result.returncode == 0, result.stderr
+    lock = closure["root"] / "wheelhouse" / "node-lock.txt"
+    text = lock.read_text()
+    assert "Target: CPython 3.11, x86_64-manylinux_2_28; no torch in this closure." in text
+    pins = {pin.name: pin for pin in parse_pins(text)}
+    assert set(pins) == {"alpha-pkg", "beta-pkg", "gamma-pkg"}
+    ours = {
+        path.name.split("-")[0]: digest
+        for path, digest in checked_wheels(closure["root"] / "wheelhouse").items()
+    }
+    assert pins["alpha-pkg"].hashes == (ours["alpha_pkg"],)
+    assert pins["alpha-pkg"].version == "1.0+sm120.pabc12345"
+    (gamma,) = closure["links"].glob("gamma_pkg-*.whl")
+    import hashlib
+
+    assert pins["gamma-pkg"].hashes == (hashlib.sha256(gamma.read_bytes()).hexdigest(),)
+
+    # The published static index alone installs it, pip check clean.
+    mirror = closure["tmp"] / "mirror"
+    published = sm120_build(closure, "publish", "--static", str(mirror), "--with-dependencies")
+    assert published.returncode == 0, published.stderr
+    assert (mirror / "packages" / gamma.name).is_file()
+    python = fresh_venv(closure["tmp"] / "node")
+    installed = node_install(python, lock, "--index-url", (mirror / "simple").as_uri())
+    assert installed.returncode == 0, installed.stderr
+    env = {"PATH": os.environ["PATH"], "HOME": str(closure["tmp"])}
+    assert installed_versions(python, env)["gamma-pkg"] == "3.0"
+    check = subprocess.run([str(python), "-m", "pip", "check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+
+    # A file that is not the one locked fails with pip's own hash error.
+    tampered = closure["tmp"] / "tampered"
+    tampered.mkdir()
+    other = small_wheel(closure["tmp"], "gamma_pkg", "3.0", payload="changed = 1\n")
+    shutil.move(other, tampered / gamma.name)
+    for path in (closure["root"] / "wheelhouse").glob("*.whl"):
+        shutil.copy(path, tampered)
+    python = fresh_venv(closure["tmp"] / "node-tampered")
+    refused = node_install(python, lock, "--no-index", "--find-links", str(tampered))
+    assert refused.returncode != 0
+    assert "THESE PACKAGES DO NOT MATCH THE HASHES" in refused.stderr
+    assert "gamma-pkg" in refused.stderr.lower() or "gamma_pkg" in refused.stderr
+
+
+def test_a_target_is_named_as_the_resolver_takes_it() -> None:
+    from sm120_build.errors import UserError
+
+    with pytest.raises(UserError, match=r"give MAJOR\.MINOR"):
+        Target("3", "x86_64-manylinux_2_28")
+    with pytest.raises(UserError, match="ARCH-manylinux_2_Y"):
+        Target("3.12", "manylinux_2_28_x86_64")
+    assert platform_of([Path("a-1-py3-none-any.whl")]) == "x86_64-manylinux_2_28"
+    jit = Path("f-1-py3-none-manylinux_2_34_x86_64.whl")
+    assert platform_of([jit, Path("a-1-py3-none-any.whl")]) == "x86_64-manylinux_2_34"
+    tags = Target("3.12", "x86_64-manylinux_2_28").pip_platforms()
+    assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags
+    assert "manylinux2014_x86_64" in tags and "manylinux_2_29_x86_64" not in tags
+
+
+def test_publish_with_dependencies_needs_the_lock(closure: dict[str, Path]) -> None:
+    result = sm120_build(
+        closure, "publish", "--static", str(closure["tmp"] / "m"), "--with-dependencies"
+    )
+    assert result.returncode == 1
+    assert "node-lock.txt is missing: run `nox -s lock_node` first" in result.stderr
+    assert not (closure["tmp"] / "m").exists()
