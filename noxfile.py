@@ -243,6 +243,21 @@ def publish(session: nox.Session) -> None:
 
 
 @nox.session
+def derive_profiles(session: nox.Session) -> None:
+    """Derive profiles-derived.toml from sglang's own code: for each configuration of
+    served-models.toml, sglang's server-argument resolution, model constructor, KV pool and
+    attention backend run on the CPU and record what they ask FlashInfer and sglang's
+    jit_kernel for (docs/derive.md). The first run installs the pinned sglang's
+    dependencies into the cache (several GB).
+
+    -- [--check (compare instead of writing; exit 1 if it differs)]
+    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
+    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
+    """
+    _sm120_build(session, "derive-profiles")
+
+
+@nox.session
 def lock_node(session: nox.Session) -> None:
     """Write wheelhouse/node-lock.txt: everything a fresh node needs to run sglang with the
     wheelhouse's wheels, hash-pinned, resolved with uv from pip's configured sources.

@@ -120,6 +120,7 @@ def fresh_root(base: Path) -> Path:
     shutil.copy(REPO / "pins.toml", root)
     shutil.copy(REPO / "audit-waivers.toml", root)
     shutil.copy(REPO / "profiles.toml", root)
+    shutil.copy(REPO / "profiles-derived.toml", root)  # profiles.toml includes it
     shutil.copytree(REPO / "patches", root / "patches")
     shutil.copytree(REPO / "ci", root / "ci")  # the shard plan's cost table
     shutil.copytree(

@@ -61,7 +61,7 @@ def shared_object(builds: tuple[Path, Path], tmp_path_factory: pytest.TempPathFa
         )
 
 
-def test_wheelhouse_holds_exactly_three_wheels_and_their_hashes(builds: Any) -> None:
+def test_wheelhouse_holds_exactly_four_wheels_and_their_hashes(builds: Any) -> None:
     root = builds[0]
     names = sorted(p.name for p in (root / "wheelhouse").iterdir())
     patterns = [
@@ -71,6 +71,7 @@ def test_wheelhouse_holds_exactly_three_wheels_and_their_hashes(builds: Any) -> 
         r"flashinfer_python-0\.6\.3\+sm120\.p[0-9a-f]{8}-py3-none-any\.whl",
         r"requirements\.txt",
         r"sglang-0\.5\.9\+sm120\.p[0-9a-f]{8}-py3-none-any\.whl",
+        r"sm120_build-0\.1\.0\+c[0-9a-f]{8}-py3-none-any\.whl",
     ]
     assert len(names) == len(patterns), names
     for name, pattern in zip(names, patterns, strict=True):
@@ -78,7 +79,7 @@ def test_wheelhouse_holds_exactly_three_wheels_and_their_hashes(builds: Any) -> 
     for line in (root / "wheelhouse" / "SHA256SUMS").read_text().splitlines():
         digest, name = line.split("  ")
         assert hashlib.sha256((root / "wheelhouse" / name).read_bytes()).hexdigest() == digest
-    # Our three wheels by their own hashes, and the flashinfer-cubin companion by its pin.
+    # Our four wheels by their own hashes, and the flashinfer-cubin companion by its pin.
     requirements = (root / "wheelhouse" / "requirements.txt").read_text()
     sums = dict(
         reversed(line.split("  "))
@@ -87,12 +88,12 @@ def test_wheelhouse_holds_exactly_three_wheels_and_their_hashes(builds: Any) -> 
     expected = {sums[name] for name in names if name.endswith(".whl")}
     expected |= set(load_pins(root / "pins.toml").companions["flashinfer-cubin"].sha256)
     assert set(re.findall(r"--hash=sha256:([0-9a-f]{64})", requirements)) == expected
-    assert len(expected) == 4
+    assert len(expected) == 5
 
 
 def test_two_clean_builds_are_byte_identical(builds: Any) -> None:
     first, second = builds
-    for project in ("flashinfer_jit_cache", "flashinfer_python", "sglang"):
+    for project in ("flashinfer_jit_cache", "flashinfer_python", "sglang", "sm120_build"):
         a, b = wheel_of(first, project), wheel_of(second, project)
         assert a.name == b.name
         assert (
@@ -292,12 +293,18 @@ def node_env(venv: Path, home: Path) -> dict[str, str]:
     }
 
 
-def node_check(venv: Path, tmp_path: Path, *args: str) -> tuple[int, str, dict[str, Any]]:
-    """`nox -s node_check` as the node runs it: exit status, output, its JSON report."""
+def node_check(
+    venv: Path, tmp_path: Path, *args: str, cwd: Path | None = None
+) -> tuple[int, str, dict[str, Any]]:
+    """The node check as a node runs it: the venv's own `sm120-node-check` (from the
+    wheelhouse's sm120-build wheel), no checkout on its path, no CUDA toolkit on PATH, JIT
+    left for the tool to disable. Its exit status, output and JSON report."""
     out = tmp_path / "node_check.json"
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}
     result = subprocess.run(
-        [str(venv / "bin/python"), "-m", "sm120_build.node.check", "--json", str(out), *args],
-        env=node_env(venv, tmp_path),
+        [str(venv / "bin/sm120-node-check"), "--json", str(out), *args],
+        env=env,
+        cwd=cwd or tmp_path,
         capture_output=True,
         text=True,
     )
@@ -321,9 +328,11 @@ def jit_commands(venv: Path, tmp_path: Path, cuda_home: Path) -> dict[str, list[
 
 
 def make_node(wheelhouse: Path, venv: Path) -> Path:
-    """A fresh virtual environment with the FlashInfer wheels, flashinfer-cubin and CPU torch."""
+    """A fresh virtual environment with the FlashInfer wheels, the node tools' wheel
+    (sm120-build), flashinfer-cubin and CPU torch."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     wheels = sorted(str(p) for p in wheelhouse.glob("flashinfer_*.whl"))
+    wheels += sorted(str(p) for p in wheelhouse.glob("sm120_build-*.whl"))
     subprocess.run(
         [
             str(venv / "bin/python"),
@@ -364,7 +373,7 @@ def test_node_check_names_what_is_wrong(node: Path, tmp_path: Path) -> None:
     assert "has code for 12.0f, none of which runs on sm_90 (--arch)" in output
     # A profile the wheel does not carry: each missing module is named.
     status, output, report = node_check(
-        node, tmp_path, "--arch", "12.0", "--profile", "sglang-sm120"
+        node, tmp_path, "--arch", "12.0", "--profile", "sglang-sm120", cwd=REPO
     )
     assert status == 1
     assert "fused_moe_120 (fused_moe_120) would be JIT-compiled" in output

@@ -161,8 +161,12 @@ def test_profiles_select_default_profile_modules_and_both() -> None:
     assert list(profiles.select("comm", ["norm", "trtllm_comm"])) == ["trtllm_comm", "norm"]
     full = profiles.select("sglang-sm120", [])
     assert {"fused_moe_120", "fp4_gemm_cutlass_sm120", "attention", "trtllm_comm"} <= set(full)
+    assert {"attention_mla_ragged", "quantization"} <= set(full)
+    assert not {"gemm_sm120", "rope", "attention_sink"} & set(full)  # unreached on SM12x
     with pytest.raises(
-        UserError, match=r"no profile 'nope'.*known: comm, sglang-jit, sglang-sm120, verify-sm90"
+        UserError,
+        match=r"no profile 'nope'.*known: comm, deepseek-v3-nvfp4, glm-4.6-nvfp4, "
+        r"llama-3.1-8b-instruct, qwen3-30b-a3b-fp8, served, sglang-jit, sglang-sm120, verify-sm90",
     ):
         profiles.select("nope", [])
     with pytest.raises(UserError, match=r"no module recipe 'nrom'"):

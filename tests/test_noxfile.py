@@ -25,6 +25,7 @@ COMMANDS = {
     "merge_shards": ["-m", "sm120_build", "merge-shards"],
     "publish": ["-m", "sm120_build", "publish"],
     "lock_node": ["-m", "sm120_build", "lock-node"],
+    "derive_profiles": ["-m", "sm120_build", "derive-profiles"],
     "bench": ["-m", "sm120_build.bench"],
     "verify_gpu": ["-m", "sm120_build.node.verify"],
     "node_check": ["-m", "sm120_build.node.check"],

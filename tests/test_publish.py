@@ -426,7 +426,7 @@ def test_publishes_what_build_wheels_produced(
     shutil.copytree(built_project / "wheelhouse", root / "wheelhouse")
     result = publish(root, "--repository-url", index.upload, "--index-url", index.simple)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count(": uploaded") == 4  # our three wheels and flashinfer-cubin
+    assert result.stderr.count(": uploaded") == 5  # our four wheels and flashinfer-cubin
     venv = tmp_path / "node-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     only_the_index = {

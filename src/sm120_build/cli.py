@@ -12,6 +12,7 @@ from . import (
     audit,
     bump,
     console,
+    derive,
     fetch,
     jit_cache,
     node_lock,
@@ -190,6 +191,12 @@ def _publish(layout: Layout, args: argparse.Namespace) -> None:
             args.timeout,
             closure,
         )
+
+
+def _derive_profiles(layout: Layout, args: argparse.Namespace) -> int:
+    pinned = pins.load(layout.pins_file)
+    pipeline.vendor_all(layout, pinned)  # the replay runs the patched trees
+    return derive.derive_profiles(layout, pinned, args.check)
 
 
 def _lock_node(layout: Layout, args: argparse.Namespace) -> None:
@@ -377,6 +384,19 @@ def build_parser() -> argparse.ArgumentParser:
         "(nox -s lock_node): the closure a fresh node installs, gigabytes",
     )
     sub.set_defaults(run=_publish, locks_cache=True)  # companions are fetched into the cache
+
+    sub = commands.add_parser(
+        "derive-profiles",
+        parents=[common],
+        help=f"derive {derive.DERIVED_FILE} from sglang's own code for every configuration "
+        f"of {derive.SERVED_FILE}",
+    )
+    sub.add_argument(
+        "--check",
+        action="store_true",
+        help=f"compare with {derive.DERIVED_FILE} instead of writing it; exit 1 if it differs",
+    )
+    sub.set_defaults(run=_derive_profiles, locks_cache=True)
 
     sub = commands.add_parser(
         "lock-node",

@@ -54,30 +54,48 @@ class Profiles:
 
 
 def load(path: Path) -> Profiles:
+    """profiles.toml and the files its `include = [...]` names (beside it; the derived
+    profiles), as one set of recipes and profiles; a name defined twice is refused."""
     data = read_toml(path)
+    included = data.get("include", [])
+    if not isinstance(included, list) or not all(isinstance(x, str) for x in included):
+        raise UserError(f"{path}: include must be a list of file names")
+    sources = [(path, data)] + [
+        (path.parent / name, read_toml(path.parent / name)) for name in included
+    ]
     recipes: dict[str, Recipe] = {}
-    for name, table in _tables(data, "modules", path).items():
-        call = table.get("call")
-        if not isinstance(call, str) or ":" not in call:
-            raise UserError(f'{path}: [modules.{name}] needs call = "<module>:<expression>"')
-        loaded_by = table.get("loaded_by", [])
-        if not isinstance(loaded_by, list) or not all(isinstance(x, str) for x in loaded_by):
-            raise UserError(f"{path}: [modules.{name}] loaded_by must be a list of strings")
-        recipes[name] = Recipe(name, call, str(table.get("defined_at", "")), tuple(loaded_by))
+    for source, content in sources:
+        for name, table in _tables(content, "modules", source).items():
+            if name in recipes:
+                raise UserError(f"{source}: [modules.{name}] is defined twice")
+            recipes[name] = _recipe(name, table, source)
     profiles: dict[str, tuple[str, ...]] = {}
     descriptions: dict[str, str] = {}
-    for name, table in _tables(data, "profiles", path).items():
-        members = table.get("modules")
-        if not isinstance(members, list) or not members:
-            raise UserError(f"{path}: [profiles.{name}] needs a non-empty modules = [...]")
-        unknown = [m for m in members if m not in recipes]
-        if unknown:
-            raise UserError(f"{path}: [profiles.{name}] names unknown modules: {unknown}")
-        profiles[name] = tuple(members)
-        descriptions[name] = str(table.get("description", ""))
+    for source, content in sources:
+        for name, table in _tables(content, "profiles", source).items():
+            if name in profiles:
+                raise UserError(f"{source}: [profiles.{name}] is defined twice")
+            members = table.get("modules")
+            if not isinstance(members, list) or not members:
+                raise UserError(f"{source}: [profiles.{name}] needs a non-empty modules = [...]")
+            unknown = [m for m in members if m not in recipes]
+            if unknown:
+                raise UserError(f"{source}: [profiles.{name}] names unknown modules: {unknown}")
+            profiles[name] = tuple(members)
+            descriptions[name] = str(table.get("description", ""))
     if DEFAULT_PROFILE not in profiles:
         raise UserError(f"{path}: the default profile [profiles.{DEFAULT_PROFILE}] is missing")
     return Profiles(recipes, profiles, descriptions)
+
+
+def _recipe(name: str, table: dict[str, object], path: Path) -> Recipe:
+    call = table.get("call")
+    if not isinstance(call, str) or ":" not in call:
+        raise UserError(f'{path}: [modules.{name}] needs call = "<module>:<expression>"')
+    loaded_by = table.get("loaded_by", [])
+    if not isinstance(loaded_by, list) or not all(isinstance(x, str) for x in loaded_by):
+        raise UserError(f"{path}: [modules.{name}] loaded_by must be a list of strings")
+    return Recipe(name, call, str(table.get("defined_at", "")), tuple(loaded_by))
 
 
 def _tables(data: dict[str, object], key: str, path: Path) -> dict[str, dict[str, object]]:

@@ -1,0 +1,390 @@
+"""Replay what sglang asks FlashInfer and its own jit_kernel for, for one served configuration,
+on the CPU. Run as a script, by the Python of an environment that holds sglang's
+dependencies, with the patched sglang and FlashInfer trees first on sys.path:
+
+    python replay.py '{"model": DIR, "server_args": {...}, "arch": [12, 0]}'
+
+It prints one JSON object: the server arguments sglang resolved, and every FlashInfer JIT
+generator call and sglang JIT loader call the replay reached, with its arguments, where the
+generator is defined and where sglang asked for it.
+
+What runs is sglang's own code: ServerArgs' resolution (__post_init__), ModelConfig, the
+quantization config of the model, the model's constructor (on the meta device: shapes
+only), ModelRunner's KV-cache dtype and memory-pool setup and its attention-backend choice,
+the backend's plan calls for decode and extend batches, the KV pool's store, the model's
+RoPE and QK-norm calls. What stands in for what this machine lacks, and nothing else:
+
+- the GPU: torch and FlashInfer are told of a device of the requested compute capability
+  with 96 GB (an RTX PRO 6000), and tensors the code puts on it or pins live in host memory;
+  a libcuda.so.1 that reports no device lets sgl_kernel's extension load (derive/__init__.py);
+- the process groups: rank 0 of a tensor-parallel group of the requested size;
+- the KV-cache capacity: 256 tokens, since only shapes and dtypes choose kernels;
+- compilation and kernel launches: FlashInfer's generators (flashinfer.jit...gen_*) and
+  sglang's JIT loaders (sglang.jit_kernel..._jit_*_module) record their call instead of
+  compiling, and return modules whose functions do nothing; Triton launches do nothing.
+
+This file imports nothing of sm120_build: it runs in another Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import json
+import sys
+from typing import Any
+
+REQUESTED: dict[str, dict[str, Any]] = {}
+
+
+def _virtual_gpu(arch: tuple[int, int]) -> None:
+    import torch
+
+    class Properties:
+        name = "virtual SM{}{} (sm120-build derive)".format(*arch)
+        major, minor = arch
+        total_memory = 96 * 2**30
+        multi_processor_count = 188
+
+    torch.cuda.is_available = lambda: True
+    torch.cuda.get_device_capability = lambda device=None: arch
+    torch.cuda.device_count = lambda: 8
+    torch.cuda.get_device_name = lambda device=None: Properties.name
+    torch.cuda.get_device_properties = lambda device=None: Properties()
+    torch.cuda.mem_get_info = lambda device=None: (95 * 2**30, 96 * 2**30)
+    torch.cuda.current_device = lambda: 0
+
+    class Stream:  # streams and events the constructors make for overlap; never waited on here
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    torch.cuda.Stream = Stream
+    torch.cuda.Event = Stream
+
+    def on_host(factory: Any) -> Any:
+        @functools.wraps(factory)
+        def make(*args: Any, **kwargs: Any) -> Any:
+            kwargs.pop("pin_memory", None)
+            if "device" in kwargs and str(kwargs["device"]).startswith("cuda"):
+                kwargs["device"] = torch.get_default_device()
+            return factory(*args, **kwargs)
+
+        return make
+
+    for name in ("empty", "zeros", "ones", "full", "arange", "tensor", "empty_like", "zeros_like"):
+        setattr(torch, name, on_host(getattr(torch, name)))
+
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+
+    # Custom ops registered for the GPU (sglang's jit_kernel wrappers) run on host tensors too:
+    # their implementation asks for the JIT module first, which is what is recorded.
+    register = torch.library.Library.impl
+
+    def impl(
+        self: Any, op_name: Any, fn: Any, dispatch_key: str = "", *args: Any, **kwargs: Any
+    ) -> Any:
+        result = register(self, op_name, fn, dispatch_key, *args, **kwargs)
+        if dispatch_key == "CUDA" and self.ns == "sglang":
+            register(self, op_name, fn, "CPU", *args, **kwargs)
+        return result
+
+    torch.library.Library.impl = impl
+
+
+def _where(path: str, line: int) -> str:
+    """A source location relative to the sglang or FlashInfer package root."""
+    path = path.replace("\\", "/")
+    for root in ("/sglang/", "/flashinfer/"):
+        if root in path:
+            return f"{root.strip('/')}/{path.rsplit(root, 1)[1]}:{line}"
+    return f"{path}:{line}"
+
+
+def _site(frame: inspect.FrameInfo) -> str:
+    return f"{_where(frame.filename, frame.lineno)} {frame.function}"
+
+
+def _callers() -> list[str]:
+    """Where the module was asked for: the innermost frame of sglang's serving code, and the
+    innermost of the library function that asked (FlashInfer's, or sglang's jit_kernel)."""
+    stack = [frame for frame in inspect.stack()[2:] if frame.filename != __file__]
+    serving = [f for f in stack if "/sglang/srt/" in f.filename]
+    library = [
+        f
+        for f in stack
+        if ("/flashinfer/" in f.filename and "/flashinfer/jit/" not in f.filename)
+        or ("/sglang/jit_kernel/" in f.filename and not f.filename.endswith("/utils.py"))
+    ]
+    return [_site(frames[0]) for frames in (serving, library) if frames]
+
+
+def _argument(value: Any) -> str:
+    import torch
+
+    return str(value) if isinstance(value, torch.dtype) else repr(value)
+
+
+class _Module:
+    """A loaded module whose every function does nothing."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+class _Spec:
+    def build_and_load(self) -> _Module:
+        return _Module()
+
+    def get_library_path(self) -> str:
+        return "/nonexistent"
+
+
+def _recorder(function: Any, result: Any) -> Any:
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        arguments = [_argument(v) for v in args] + [
+            f"{k}={_argument(v)}" for k, v in kwargs.items()
+        ]
+        text = f"{function.__module__}:{function.__name__}({', '.join(arguments)})"
+        original = inspect.unwrap(function)
+        source = inspect.getsourcefile(original) or "?"
+        line = inspect.getsourcelines(original)[1]
+        entry = REQUESTED.setdefault(
+            text, {"call": text, "defined_at": _where(source, line), "loaded_by": []}
+        )
+        for site in _callers():
+            if site not in entry["loaded_by"]:
+                entry["loaded_by"].append(site)
+        return result()
+
+    vars(call)["_sm120_recorder"] = True
+    return call
+
+
+def _intercept(prefix: str, wanted: Any, result: Any) -> None:
+    """Replace every function of modules under `prefix` that `wanted` picks, wherever it was
+    imported to, by a recorder."""
+    originals = {}
+    for name, module in list(sys.modules.items()):
+        if name.startswith(prefix) and module is not None:
+            for attribute, value in vars(module).items():
+                if (
+                    callable(value)
+                    and getattr(value, "__module__", "").startswith(prefix)
+                    and wanted(attribute)
+                    and not getattr(value, "_sm120_recorder", False)
+                ):
+                    originals[id(value)] = value
+    wrapped = {key: _recorder(function, result) for key, function in originals.items()}
+    for name, module in list(sys.modules.items()):
+        if (name.startswith("flashinfer") or name.startswith("sglang")) and module is not None:
+            for attribute, value in list(vars(module).items()):
+                if id(value) in wrapped:
+                    setattr(module, attribute, wrapped[id(value)])
+
+
+def _intercept_compilation() -> None:
+    """FlashInfer's generators and sglang's JIT loaders, in every module imported so far
+    (again after the model's constructor has imported its layers)."""
+    _intercept("flashinfer.jit", lambda name: name.startswith("gen_"), _Spec)
+    _intercept(
+        "sglang.jit_kernel",
+        lambda name: name.startswith("_jit_") and name.endswith("_module"),
+        _Module,
+    )
+
+
+class _Group:
+    """Rank 0 of a process group of `size` ranks, as the code asks about it."""
+
+    def __init__(self, size: int) -> None:
+        self.world_size, self.rank_in_group, self.rank = size, 0, 0
+        self.ranks = list(range(size))
+        self.is_first_rank, self.is_last_rank = True, size == 1
+        self.first_rank, self.last_rank = 0, size - 1
+        self.local_rank, self.device_group, self.cpu_group = 0, None, None
+
+
+def main() -> None:
+    request = json.loads(sys.argv[1])
+    arch = tuple(request["arch"])
+    _virtual_gpu(arch)
+    import sglang.srt.server_args as server_args
+    import sglang.srt.utils.common as common
+    import torch
+
+    common.get_nvgpu_memory_capacity = lambda: 97887.0  # MiB, as nvidia-smi reports
+    server_args.get_device_memory_capacity = lambda device=None: 97887.0
+    import flashinfer.utils
+    import sglang.jit_kernel.utils
+    import sglang.srt.distributed.parallel_state as parallel_state
+    import sglang.srt.layers.attention.flashinfer_backend
+    import sglang.srt.layers.attention.flashinfer_mla_backend  # noqa: F401
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import AttentionArch, ModelConfig
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.model_loader.loader import _get_quantization_config, _initialize_model
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    capability = lambda device=None: arch  # noqa: E731
+    for name, module in list(sys.modules.items()):
+        if (
+            name.startswith("flashinfer")
+            and getattr(module, "get_compute_capability", None)
+            is flashinfer.utils.get_compute_capability
+        ):
+            vars(module)["get_compute_capability"] = capability
+    flashinfer.utils.get_compute_capability = capability
+    _intercept_compilation()
+
+    class NoLaunch:
+        def __getitem__(self, grid: Any) -> Any:
+            return lambda *args, **kwargs: None
+
+    # The Triton kernel that fills the KV index arrays: values, which choose no module.
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("sglang.srt.layers.attention") and hasattr(
+            module, "create_flashinfer_kv_indices_triton"
+        ):
+            vars(module)["create_flashinfer_kv_indices_triton"] = NoLaunch()
+
+    tp = int(request["server_args"].get("tp_size", 1))
+    for group in ("_TP", "_ATTN_TP", "_MOE_TP"):
+        setattr(parallel_state, group, _Group(tp))
+    for group in ("_PP", "_MOE_EP", "_ATTN_CP", "_MOE_DP"):
+        setattr(parallel_state, group, _Group(1))
+
+    args = server_args.ServerArgs(
+        model_path=request["model"], skip_tokenizer_init=True, **request["server_args"]
+    )
+    server_args.set_global_server_args_for_scheduler(args)  # as the scheduler process does
+    model_config = ModelConfig.from_server_args(args)
+    from sglang.srt.layers.dp_attention import initialize_dp_attention
+
+    initialize_dp_attention(args, model_config)  # as ModelRunner.init_torch_distributed does
+    load_config = LoadConfig(load_format=args.load_format)
+    quant_config = _get_quantization_config(model_config, load_config)
+    with torch.device("meta"):
+        model = _initialize_model(model_config, load_config, quant_config)
+    _intercept_compilation()
+
+    # ModelRunner without its model loading and process groups: its own attributes
+    # (model_runner.py:300-340, 515-522), then its own methods.
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.server_args, runner.model_config, runner.model = args, model_config, model
+    runner.dtype, runner.device, runner.gpu_id = model_config.dtype, "cpu", 0
+    runner.tp_size, runner.tp_rank, runner.pp_size, runner.pp_rank, runner.dp_size = tp, 0, 1, 0, 1
+    runner.page_size, runner.is_draft_worker, runner.init_new_workspace = (
+        args.page_size,
+        False,
+        False,
+    )
+    runner.is_hybrid_swa = model_config.is_hybrid_swa
+    runner.is_hybrid_swa_compress = model_config.is_hybrid_swa_compress
+    runner.spec_algorithm = SpeculativeAlgorithm.from_string(args.speculative_algorithm)
+    runner.use_mla_backend = model_config.attention_arch == AttentionArch.MLA
+    runner.attention_chunk_size = model_config.attention_chunk_size
+    runner.sliding_window_size = None
+    if hasattr(model, "get_attention_sliding_window_size"):
+        runner.sliding_window_size = model.get_attention_sliding_window_size()
+    runner.req_to_token_pool, runner.token_to_kv_pool_allocator = None, None
+    runner.start_layer = getattr(model, "start_layer", 0)
+    runner.end_layer = getattr(model, "end_layer", model_config.num_hidden_layers)
+    runner.num_effective_layers = runner.end_layer - runner.start_layer
+    runner.profile_max_num_token = lambda total_gpu_memory: 256
+    runner.configure_kv_cache_dtype()
+    runner.init_memory_pool(96 * 2**30)
+    backend = runner._get_attention_backend()
+
+    def batch(mode: Any, prefix: int) -> Any:
+        lengths = torch.tensor([prefix + 5, prefix + 7], dtype=torch.int64)
+        forward = ForwardBatch(
+            forward_mode=mode,
+            batch_size=2,
+            input_ids=torch.zeros(12, dtype=torch.int64),
+            req_pool_indices=torch.tensor([0, 1], dtype=torch.int64),
+            seq_lens=lengths,
+            out_cache_loc=torch.zeros(12, dtype=torch.int64),
+            seq_lens_sum=int(lengths.sum()),
+        )
+        forward.seq_lens_cpu = lengths.clone()
+        if mode.is_extend():
+            forward.extend_prefix_lens = torch.tensor([prefix, prefix], dtype=torch.int64)
+            forward.extend_prefix_lens_cpu = [prefix, prefix]
+            forward.extend_seq_lens = torch.tensor([5, 7], dtype=torch.int64)
+            forward.extend_seq_lens_cpu = [5, 7]
+            forward.extend_num_tokens = 12
+        return forward
+
+    for mode, prefix in (
+        (ForwardMode.DECODE, 16),
+        (ForwardMode.EXTEND, 0),
+        (ForwardMode.EXTEND, 16),
+    ):
+        backend.init_forward_metadata(batch(mode, prefix))
+
+    _exercise_layers(runner, model, torch)
+    resolved = {
+        name: str(getattr(args, name))
+        for name in (
+            "attention_backend",
+            "kv_cache_dtype",
+            "moe_runner_backend",
+            "enable_flashinfer_allreduce_fusion",
+            "speculative_algorithm",
+            "quantization",
+            "tp_size",
+        )
+    }
+    resolved["kv_cache_torch_dtype"] = str(runner.kv_cache_dtype)
+    resolved["model_quantization"] = str(model_config.quantization)
+    resolved["attention_backend_class"] = type(backend).__name__
+    print(json.dumps({"resolved": resolved, "requested": list(REQUESTED.values())}))
+
+
+def _exercise_layers(runner: Any, model: Any, torch: Any) -> None:
+    """The model's own layers, called the way its forward calls them: the KV store of the
+    first attention layer, each rotary embedding, each attention's QK-norm."""
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.layers.rotary_embedding import RotaryEmbedding
+    from sglang.srt.models.utils import apply_qk_norm
+
+    attention = next(m for m in model.modules() if isinstance(m, RadixAttention))
+    pool = runner.token_to_kv_pool
+    if hasattr(pool, "k_buffer"):  # MHA pools; an MLA pool stores through FlashInfer's MLA path
+        heads, dim = attention.tp_k_head_num, attention.qk_head_dim
+        k = torch.zeros(2, heads, dim, dtype=runner.dtype)
+        v = torch.zeros(2, heads, attention.v_head_dim, dtype=runner.dtype)
+        # The store op has no CPU kernel: it fails after its loader call is recorded.
+        with contextlib.suppress(NotImplementedError):
+            pool.set_kv_buffer(attention, torch.tensor([1, 2]), k, v)
+    seen: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding) and id(module) not in seen:
+            seen.add(id(module))
+            head = module.head_size
+            cache = module.cos_sin_cache  # built on the meta device: a host copy of its shape
+            module.cos_sin_cache = torch.zeros(cache.shape, dtype=cache.dtype)
+            positions = torch.tensor([0, 1])
+            q = torch.zeros(2, head * 2, dtype=runner.dtype)
+            key = torch.zeros(2, head, dtype=runner.dtype)
+            try:
+                module.forward_cuda(positions, q, key)
+            except (
+                Exception
+            ) as exc:  # the stand-in kernel returned nothing; the request is recorded
+                print(f"rope {type(module).__name__}: {exc!r}", file=sys.stderr)
+        q_norm, k_norm = getattr(module, "q_norm", None), getattr(module, "k_norm", None)
+        if q_norm is not None and k_norm is not None and hasattr(module, "head_dim"):
+            head = module.head_dim
+            q = torch.zeros(2, head, dtype=runner.dtype)
+            try:
+                apply_qk_norm(q, q.clone(), q_norm, k_norm, head)
+            except Exception as exc:
+                print(f"qk-norm {type(module).__name__}: {exc!r}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Profiles derived from sglang's own code (derive/): the served-configuration file, the
+rendered profiles-derived.toml, and, slow, a re-derivation that must give the checked-in
+file."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sm120_build.derive import Served, load_served, recipe_name, render
+from sm120_build.errors import UserError
+from sm120_build.pins import read_toml
+from sm120_build.profiles import load
+
+from .conftest import REPO
+
+PREFILL = (
+    "flashinfer.jit.attention.modules:gen_batch_prefill_module('fa2', torch.bfloat16, "
+    "torch.bfloat16, torch.bfloat16, torch.int32, {qk}, {vo}, 0, False, False, False)"
+)
+
+
+def served(name: str, also: tuple[str, ...] = ()) -> Served:
+    return Served(name, f"{name} test", Path("/m"), {"tp_size": 1}, (12, 0), also)
+
+
+def answer(*calls: str) -> dict[str, Any]:
+    return {
+        "resolved": {"attention_backend": "flashinfer"},
+        "requested": [
+            {"call": c, "defined_at": "flashinfer/jit/x.py:1", "loaded_by": ["sglang/srt/y.py:2 f"]}
+            for c in calls
+        ],
+    }
+
+
+def test_the_served_file_names_what_is_wrong(tmp_path: Path) -> None:
+    (tmp_path / "served-models.toml").write_text('[models.a]\nmodel = "nowhere"\narch = "12.0"\n')
+    with pytest.raises(UserError, match=r"\[models.a\] model = .*nowhere holds no config.json"):
+        load_served(tmp_path)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "served-models.toml").write_text('[models.a]\nmodel = "m"\narch = "twelve"\n')
+    with pytest.raises(UserError, match=r'needs arch = "MAJOR.MINOR"'):
+        load_served(tmp_path)
+    (tmp_path / "served-models.toml").write_text(
+        '[models."a.b"]\nmodel = "m"\narch = "12.1"\nserver_args = { tp_size = 8 }\n'
+    )
+    (only,) = load_served(tmp_path)
+    assert (only.name, only.arch, only.server_args) == ("a.b", (12, 1), {"tp_size": 8})
+
+
+def test_rendered_profiles_load_beside_the_hand_written_ones(tmp_path: Path) -> None:
+    mha, mla = PREFILL.format(qk=128, vo=128), PREFILL.format(qk=192, vo=128)
+    kv = "sglang.jit_kernel.kvcache:_jit_kvcache_module(2048)"
+    text = render(
+        [served("one", also=("cascade",)), served("two")],
+        {"one": answer(mha, kv), "two": answer(mha, mla)},
+        "0.5.9",
+    )
+    (tmp_path / "profiles-derived.toml").write_text(text)
+    read_toml(tmp_path / "profiles-derived.toml")  # valid TOML
+    hand = (REPO / "profiles.toml").read_text()
+    (tmp_path / "profiles.toml").write_text(hand)
+    profiles = load(tmp_path / "profiles.toml")
+    assert profiles.profiles["one"] == (recipe_name(mha), recipe_name(kv), "cascade")
+    assert profiles.profiles["served"] == (
+        recipe_name(mha),
+        recipe_name(kv),
+        "cascade",
+        recipe_name(mla),
+    )
+    assert profiles.recipes[recipe_name(mla)].call == mla
+    assert recipe_name(mha).startswith("batch_prefill.") and recipe_name(kv).startswith("kvcache.")
+    assert recipe_name(mha) != recipe_name(mla)
+    # A name defined in both files is refused, not silently taken from one.
+    (tmp_path / "profiles-derived.toml").write_text(text + '\n[modules.cascade]\ncall = "m:f()"\n')
+    with pytest.raises(UserError, match=r"\[modules.cascade\] is defined twice"):
+        load(tmp_path / "profiles.toml")
+
+
+@pytest.mark.slow
+def test_the_derived_profiles_are_what_sglang_asks_for() -> None:
+    """Re-derive every served configuration with sglang 0.5.9's own code; the checked-in
+    profiles-derived.toml must be what comes out."""
+    result = subprocess.run(
+        [sys.executable, "-m", "sm120_build", "derive-profiles", "--check"],
+        cwd=REPO,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
+    derived = load(REPO / "profiles.toml")
+    calls = {name: derived.recipes[name].call for name in derived.profiles["served"]}
+    # What the independent read of sglang found: DeepSeek's MLA ragged prefill is asked for,
+    # no plan asks for a sliding window or a soft cap, and each model's KV row size.
+    assert PREFILL.format(qk=192, vo=128) in calls.values()
+    attention = [c for c in calls.values() if "gen_batch_prefill_module" in c]
+    assert all(c.endswith("0, False, False, False)") for c in attention)
+    kv = {
+        profile: sorted(
+            re.findall(
+                r"_jit_kvcache_module\((\d+)\)", " ".join(derived.recipes[m].call for m in members)
+            )
+        )
+        for profile, members in derived.profiles.items()
+        if profile in ("llama-3.1-8b-instruct", "qwen3-30b-a3b-fp8", "glm-4.6-nvfp4")
+    }
+    assert kv == {
+        "llama-3.1-8b-instruct": ["2048"],  # 8 KV heads x 128 x 2 bytes
+        "qwen3-30b-a3b-fp8": ["1024"],  # 4 x 128 x 2
+        "glm-4.6-nvfp4": ["256"],  # 8 KV heads over TP 8: 1 x 128 x 2
+    }
