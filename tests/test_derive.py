@@ -119,3 +119,15 @@ def test_the_derived_profiles_are_what_sglang_asks_for() -> None:
         "qwen3-30b-a3b-fp8": ["1024"],  # 4 x 128 x 2
         "glm-4.6-nvfp4": ["256"],  # 8 KV heads over TP 8: 1 x 128 x 2
     }
+
+
+def test_a_call_a_hand_written_recipe_makes_is_named_by_it() -> None:
+    quantize = "flashinfer.fp4_quantization:gen_fp4_quantization_sm120_module()"
+    text = render(
+        [served("one", also=("fp4_quantization_120",))],
+        {"one": answer(quantize)},
+        "0.5.9",
+        {quantize: "fp4_quantization_120"},
+    )
+    assert "\n[modules." not in text  # nothing defined twice
+    assert text.count('"fp4_quantization_120",') == 2  # once in the profile, once in the union

@@ -36,6 +36,7 @@ import sys
 from typing import Any
 
 REQUESTED: dict[str, dict[str, Any]] = {}
+_REAL: dict[str, Any] = {}  # originals replaced, kept to find their other references
 
 
 def _virtual_gpu(arch: tuple[int, int]) -> None:
@@ -184,10 +185,25 @@ def _intercept(prefix: str, wanted: Any, result: Any) -> None:
                     setattr(module, attribute, wrapped[id(value)])
 
 
-def _intercept_compilation() -> None:
-    """FlashInfer's generators and sglang's JIT loaders, in every module imported so far
-    (again after the model's constructor has imported its layers)."""
-    _intercept("flashinfer.jit", lambda name: name.startswith("gen_"), _Spec)
+def _intercept_compilation(arch: tuple[int, int]) -> None:
+    """FlashInfer's generators and sglang's JIT loaders, and FlashInfer's question for a
+    tensor's compute capability, in every module imported so far (again after the model's
+    constructor has imported its layers)."""
+    import flashinfer.utils
+
+    real = _REAL.setdefault("capability", flashinfer.utils.get_compute_capability)
+    capability = lambda device=None: arch  # noqa: E731
+    for name, module in list(sys.modules.items()):
+        if (
+            name.startswith("flashinfer")
+            and getattr(module, "get_compute_capability", None) is real
+        ):
+            vars(module)["get_compute_capability"] = capability
+    # gen_*_module anywhere in FlashInfer (some live beside their ops, as fp4_quantization's);
+    # the outermost call is recorded, since a recorder does not call what it replaces.
+    _intercept(
+        "flashinfer", lambda name: name.startswith("gen_") and name.endswith("_module"), _Spec
+    )
     _intercept(
         "sglang.jit_kernel",
         lambda name: name.startswith("_jit_") and name.endswith("_module"),
@@ -216,7 +232,6 @@ def main() -> None:
 
     common.get_nvgpu_memory_capacity = lambda: 97887.0  # MiB, as nvidia-smi reports
     server_args.get_device_memory_capacity = lambda device=None: 97887.0
-    import flashinfer.utils
     import sglang.jit_kernel.utils
     import sglang.srt.distributed.parallel_state as parallel_state
     import sglang.srt.layers.attention.flashinfer_backend
@@ -228,16 +243,7 @@ def main() -> None:
     from sglang.srt.model_loader.loader import _get_quantization_config, _initialize_model
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    capability = lambda device=None: arch  # noqa: E731
-    for name, module in list(sys.modules.items()):
-        if (
-            name.startswith("flashinfer")
-            and getattr(module, "get_compute_capability", None)
-            is flashinfer.utils.get_compute_capability
-        ):
-            vars(module)["get_compute_capability"] = capability
-    flashinfer.utils.get_compute_capability = capability
-    _intercept_compilation()
+    _intercept_compilation(arch)
 
     class NoLaunch:
         def __getitem__(self, grid: Any) -> Any:
@@ -268,7 +274,7 @@ def main() -> None:
     quant_config = _get_quantization_config(model_config, load_config)
     with torch.device("meta"):
         model = _initialize_model(model_config, load_config, quant_config)
-    _intercept_compilation()
+    _intercept_compilation(arch)
 
     # ModelRunner without its model loading and process groups: its own attributes
     # (model_runner.py:300-340, 515-522), then its own methods.
@@ -346,7 +352,9 @@ def main() -> None:
 
 def _exercise_layers(runner: Any, model: Any, torch: Any) -> None:
     """The model's own layers, called the way its forward calls them: the KV store of the
-    first attention layer, each rotary embedding, each attention's QK-norm."""
+    first attention layer, each rotary embedding, each attention's QK-norm, and each kind of
+    linear layer's quantization method (weights on the meta device, input on the host)."""
+    from sglang.srt.layers.linear import LinearBase
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.layers.rotary_embedding import RotaryEmbedding
     from sglang.srt.models.utils import apply_qk_norm
@@ -361,6 +369,7 @@ def _exercise_layers(runner: Any, model: Any, torch: Any) -> None:
         with contextlib.suppress(NotImplementedError):
             pool.set_kv_buffer(attention, torch.tensor([1, 2]), k, v)
     seen: set[int] = set()
+    methods: set[type] = set()
     for module in model.modules():
         if isinstance(module, RotaryEmbedding) and id(module) not in seen:
             seen.add(id(module))
@@ -376,6 +385,16 @@ def _exercise_layers(runner: Any, model: Any, torch: Any) -> None:
                 Exception
             ) as exc:  # the stand-in kernel returned nothing; the request is recorded
                 print(f"rope {type(module).__name__}: {exc!r}", file=sys.stderr)
+        method = getattr(module, "quant_method", None)
+        if isinstance(module, LinearBase) and method is not None and type(method) not in methods:
+            methods.add(type(method))
+            try:
+                width = getattr(module, "input_size_per_partition", None) or module.input_size
+                x = torch.zeros(2, width, dtype=runner.dtype)
+                method.process_weights_after_loading(module)
+                method.apply(module, x)
+            except Exception as exc:  # past its first kernel, a stand-in returned nothing
+                print(f"linear {type(method).__name__}: {exc!r}", file=sys.stderr)
         q_norm, k_norm = getattr(module, "q_norm", None), getattr(module, "k_norm", None)
         if q_norm is not None and k_norm is not None and hasattr(module, "head_dim"):
             head = module.head_dim
