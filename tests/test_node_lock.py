@@ -17,7 +17,7 @@ from sm120_build.sums import checked_wheels
 from sm120_build.wheels import assemble_wheelhouse
 
 from .conftest import REPO, installed_versions
-from .test_publish import small_wheel
+from .test_publish import hash_checked_install, small_wheel, wheel_in
 
 pytestmark = pytest.mark.slow  # fresh virtual environments, real uv and pip
 
@@ -27,9 +27,7 @@ def closure(tmp_path: Path) -> dict[str, Path]:
     """A project whose wheelhouse holds alpha (which needs gamma) and beta, and a find-links
     directory, pip's only configured source, that serves gamma."""
     links = tmp_path / "links"
-    links.mkdir()
-    gamma = small_wheel(tmp_path, "gamma_pkg", "3.0")
-    shutil.move(gamma, links / gamma.name)
+    wheel_in(links, "gamma_pkg", "3.0")
     root = tmp_path / "project"
     root.mkdir()
     shutil.copy(REPO / "pins.toml", root)
@@ -73,27 +71,6 @@ def fresh_venv(where: Path) -> Path:
     return where / "bin" / "python"
 
 
-def node_install(python: Path, lock: Path, *sources: str) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ["PATH"], "HOME": str(lock.parent), "PIP_CONFIG_FILE": os.devnull}
-    return subprocess.run(
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--require-hashes",
-            "--no-deps",
-            *sources,
-            "-r",
-            str(lock),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-
-
 def test_the_lock_names_its_target_and_pins_the_whole_closure(closure: dict[str, Path]) -> None:
     result = sm120_build(closure, "lock-node", "--python-version", "3.11")
     assert result.returncode == 0, result.stderr
@@ -119,7 +96,7 @@ def test_the_lock_names_its_target_and_pins_the_whole_closure(closure: dict[str,
     assert published.returncode == 0, published.stderr
     assert (mirror / "packages" / gamma.name).is_file()
     python = fresh_venv(closure["tmp"] / "node")
-    installed = node_install(python, lock, "--index-url", (mirror / "simple").as_uri())
+    installed = hash_checked_install(python, lock, "--index-url", (mirror / "simple").as_uri())
     assert installed.returncode == 0, installed.stderr
     env = {"PATH": os.environ["PATH"], "HOME": str(closure["tmp"])}
     assert installed_versions(python, env)["gamma-pkg"] == "3.0"
@@ -134,7 +111,7 @@ def test_the_lock_names_its_target_and_pins_the_whole_closure(closure: dict[str,
     for path in (closure["root"] / "wheelhouse").glob("*.whl"):
         shutil.copy(path, tampered)
     python = fresh_venv(closure["tmp"] / "node-tampered")
-    refused = node_install(python, lock, "--no-index", "--find-links", str(tampered))
+    refused = hash_checked_install(python, lock, "--no-index", "--find-links", str(tampered))
     assert refused.returncode != 0
     assert "THESE PACKAGES DO NOT MATCH THE HASHES" in refused.stderr
     assert "gamma-pkg" in refused.stderr.lower() or "gamma_pkg" in refused.stderr

@@ -112,6 +112,13 @@ def small_wheel(
     return finalize_wheel(raw, directory / "final", {})
 
 
+def wheel_in(links: Path, name: str, version: str, payload: str = "") -> Path:
+    """A small wheel in a find-links directory (as pip's only configured source serves)."""
+    links.mkdir(exist_ok=True)
+    built = small_wheel(links, name, version, payload)
+    return Path(shutil.move(built, links / built.name))
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A project root whose wheelhouse holds two small wheels."""
@@ -147,29 +154,34 @@ def publish(
     )
 
 
+def hash_checked_install(
+    python: Path, requirements: Path, *sources: str
+) -> subprocess.CompletedProcess[str]:
+    """The node's install: pip --require-hashes --no-deps -r REQUIREMENTS from `sources`
+    alone (no pip configuration of this machine's)."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(requirements.parent),
+        "PIP_CONFIG_FILE": os.devnull,
+    }
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--require-hashes", "--no-deps"]
+    return subprocess.run(
+        [*pip, *sources, "-r", str(requirements)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+
+
 def fresh_install(root: Path, index_url: str, tmp_path: Path) -> dict[str, str]:
-    """pip install --require-hashes --no-deps -r wheelhouse/requirements.txt from index_url
-    into a fresh venv; returns what got installed."""
+    """The node's install of wheelhouse/requirements.txt from index_url into a fresh venv;
+    returns what got installed."""
     venv = tmp_path / "node-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    requirements = root / "wheelhouse/requirements.txt"
+    installed = hash_checked_install(venv / "bin/python", requirements, "--index-url", index_url)
+    assert installed.returncode == 0, installed.stderr
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PIP_CONFIG_FILE": os.devnull}
-    subprocess.run(
-        [
-            str(venv / "bin/python"),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--index-url",
-            index_url,
-            "--require-hashes",
-            "-r",
-            str(root / "wheelhouse/requirements.txt"),
-        ],
-        env=env,
-        check=True,
-    )
     return installed_versions(venv / "bin/python", env)
 
 
@@ -205,9 +217,7 @@ def test_the_companions_requirements_txt_pins_are_published_too(tmp_path: Path, 
     """requirements.txt pins flashinfer-cubin beside our wheels: an index that does not
     proxy the public one must serve it too, or the node's install fails on it."""
     links = tmp_path / "links"
-    links.mkdir()
-    companion = small_wheel(links, "gamma_pkg", "3.0")
-    shutil.move(companion, links / companion.name)
+    companion = wheel_in(links, "gamma_pkg", "3.0")
     root = tmp_path / "project-with-companion"
     root.mkdir()
     shutil.copy(REPO / "pins.toml", root)
@@ -434,23 +444,10 @@ def test_publishes_what_build_wheels_produced(
         "HOME": str(tmp_path),
         "PIP_CONFIG_FILE": os.devnull,
     }
-    subprocess.run(
-        [
-            str(venv / "bin/python"),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--require-hashes",
-            "--no-deps",
-            "--index-url",
-            index.simple,
-            "-r",
-            str(root / "wheelhouse/requirements.txt"),
-        ],
-        env=only_the_index,
-        check=True,
+    installed_now = hash_checked_install(
+        venv / "bin/python", root / "wheelhouse/requirements.txt", "--index-url", index.simple
     )
+    assert installed_now.returncode == 0, installed_now.stderr
     installed = installed_versions(venv / "bin/python", only_the_index)
     for name, version in required_versions(root).items():
         assert installed[name] == version
