@@ -12,16 +12,21 @@ What runs is sglang's own code: ServerArgs' resolution (__post_init__), ModelCon
 quantization config of the model, the model's constructor (on the meta device: shapes
 only), ModelRunner's KV-cache dtype and memory-pool setup and its attention-backend choice,
 the backend's plan calls for decode and extend batches, the KV pool's store, the model's
-RoPE and QK-norm calls. What stands in for what this machine lacks, and nothing else:
+RoPE and QK-norm calls, and each kind of linear layer's quantization method. What stands in
+for what this machine lacks, and nothing else:
 
 - the GPU: torch and FlashInfer are told of a device of the requested compute capability
-  with 96 GB (an RTX PRO 6000), and tensors the code puts on it or pins live in host memory;
-  a libcuda.so.1 that reports no device lets sgl_kernel's extension load (derive/__init__.py);
+  with 96 GB (an RTX PRO 6000); tensors the code puts on it or pins live in host memory,
+  Tensor.cuda() keeps a tensor where it is, CUDA streams and events are inert, and ops sglang
+  registers for the GPU run on host tensors too; a libcuda.so.1 that reports no device lets
+  sgl_kernel's extension load (derive/__init__.py);
 - the process groups: rank 0 of a tensor-parallel group of the requested size;
 - the KV-cache capacity: 256 tokens, since only shapes and dtypes choose kernels;
-- compilation and kernel launches: FlashInfer's generators (flashinfer.jit...gen_*) and
+- compilation and kernel launches: FlashInfer's generators (flashinfer...gen_*_module) and
   sglang's JIT loaders (sglang.jit_kernel..._jit_*_module) record their call instead of
-  compiling, and return modules whose functions do nothing; Triton launches do nothing.
+  compiling, and return modules whose functions do nothing; Triton launches do nothing. A
+  step that fails past a recorded request (a stand-in returned nothing, or the step needs a
+  real device) is reported on stderr and the replay goes on.
 
 This file imports nothing of sm120_build: it runs in another Python.
 """
