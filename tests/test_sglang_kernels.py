@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import build_wheels, fresh_root
+from .conftest import REPO, build_wheels, fresh_root
 from .test_build_e2e import elf_archs, extracted, make_node, node_check, wheel_of
 
 pytestmark = pytest.mark.slow
@@ -68,7 +68,9 @@ def test_the_node_loads_sglangs_kernels_without_nvcc(node: Path, tmp_path: Path)
 def test_a_kernel_the_wheel_lacks_fails_the_check_by_name(node: Path, tmp_path: Path) -> None:
     """The sglang-jit profile also names the 1024-byte KV store, which this wheel lacks:
     with SGLANG_DISABLE_JIT=1 the patched load_jit refuses to compile it, and says which."""
-    status, output, report = node_check(node, tmp_path, "--arch", "12.0", "--profile", "sglang-jit")
+    status, output, report = node_check(
+        node, tmp_path, "--arch", "12.0", "--profile", "sglang-jit", cwd=REPO
+    )
     assert status == 1
     assert "sgl_kernel_jit_kvcache_1024_true (arguments: kvcache, 1024, true)" in output
     assert "3 of 4 modules" in output
