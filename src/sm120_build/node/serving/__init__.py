@@ -74,6 +74,10 @@ def checks() -> dict[str, Check]:
     return {
         "attention": attention.check,
         "attention_sample": attention.check,
+        "attention_d64": attention.check,
+        "attention_d128": attention.check,
+        "attention_mla_ragged": attention.check,
+        "attention_sink": attention.check,
         "cascade": elementwise.cascade,
         "norm": elementwise.norm,
         "rope": elementwise.rope,

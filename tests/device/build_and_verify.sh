@@ -1,0 +1,39 @@
+#!/bin/bash
+# On the device machine (an H200, sm_90, no package index): build a 9.0a jit-cache of PROFILE
+# with this project's own build, install the wheels into a fresh venv over the image's torch,
+# and run verify_gpu over every module of that wheel. Not a test of the suite (it needs a GPU).
+#
+# Carried: .devwhl/ (pins.toml's [build] and [render] requirements but torch and cmake's
+# image copies, as wheels), .cache/sdists and the cache's marker (the pinned sdists).
+#
+#   bash tests/device/build_and_verify.sh PROFILE [extra verify_gpu arguments]
+set -uo pipefail
+profile=$1
+shift
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+# Into the image's own Python (itself a venv, the one with torch): a venv made from it would
+# not see torch. The machine is thrown away after the run.
+python=$(command -v python3)
+"$python" -m pip install -q --no-index --no-deps --no-compile .devwhl/*.whl
+"$python" -m pip install -q --no-index --no-deps --no-build-isolation .
+export PATH=$(dirname "$(realpath -s "$python")"):$PATH
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+echo "cores: $(nproc)"
+started=$(date +%s)
+sm120-build build-wheels --arch 9.0a --cuda-home /usr/local/cuda --profile "$profile" \
+    >"$out/build.log" 2>&1
+status=$?
+tail -n 25 "$out/build.log"
+echo "build: exit $status in $(($(date +%s) - started)) s"
+[ "$status" = 0 ] || exit "$status"
+ls -l wheelhouse/
+"$python" -m pip install -q --no-index --no-deps wheelhouse/flashinfer_python-*.whl \
+    wheelhouse/flashinfer_jit_cache-*.whl wheelhouse/sglang-*.whl
+started=$(date +%s)
+sm120-verify-gpu --json "$out/verify.json" "$@" >"$out/verify.log" 2>&1
+status=$?
+grep -v " PASS$" "$out/verify.log" | tail -n 40
+echo "verify_gpu: exit $status in $(($(date +%s) - started)) s"
+exit "$status"
