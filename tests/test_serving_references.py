@@ -12,9 +12,15 @@ import pytest
 torch = pytest.importorskip("torch", reason="the references are torch code (tests session)")
 
 from sm120_build.node.serving import FAIL, PASS, TOLERANCES, compare  # noqa: E402
-from sm120_build.node.serving.attention import reference  # noqa: E402
+from sm120_build.node.serving.attention import cases, reference  # noqa: E402
 from sm120_build.node.serving.elementwise import _grouped_topk, _merge, _rope_reference  # noqa: E402
-from sm120_build.node.serving.fp4 import reference_dequantized, round_to_e2m1, unpack  # noqa: E402
+from sm120_build.node.serving.fp4 import (  # noqa: E402
+    judge,
+    reference_dequantized,
+    round_to_e2m1,
+    unpack,
+)
+from sm120_build.node.serving.gemm import dequantize_block_fp8  # noqa: E402
 
 
 def test_e2m1_rounds_to_nearest_ties_to_even_and_saturates() -> None:
@@ -113,3 +119,93 @@ def test_the_comparison_fails_a_wrong_result_and_passes_the_right_one(dtype: str
     poisoned = right.clone()
     poisoned[0, 0] = float("nan")
     assert compare("r", "m", "c", poisoned, expected, TOLERANCES[dtype], "").status == FAIL
+
+
+def test_a_sink_adds_its_exponential_to_the_denominator_alone() -> None:
+    """One query over one key (logit 1 after scaling) and a sink logit of 0: the value is
+    weighted e / (e + 1); without the sink it would be weighted 1."""
+    q = torch.tensor([[[1.0, 0.0]]])
+    k = torch.tensor([[[2.0, 0.0]]])
+    v = torch.tensor([[[3.0, -1.0]]])
+    got = reference(q, k, v, True, -1, None, 0.5, sink=torch.tensor([0.0]))
+    weight = math.e / (math.e + 1)
+    assert torch.allclose(got[0, 0], torch.tensor([3.0, -1.0]) * weight, atol=1e-6)
+    assert torch.allclose(reference(q, k, v, True, -1, None, 0.5)[0, 0], v[0, 0], atol=1e-6)
+
+
+def test_mla_reference_is_attention_over_the_latent_and_rotary_parts() -> None:
+    """MLA as mla.py feeds the reference: keys [ckv | kpe], values ckv, one KV head for all
+    query heads. Two keys, hand-worked: logits (q_nope.ckv + q_pe.kpe) * scale."""
+    q = torch.tensor([[[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]])  # 2 heads: nope (2) | pe (1)
+    ckv = torch.tensor([[[1.0, 0.0]], [[0.0, 2.0]]])
+    kpe = torch.tensor([[[1.0]], [[0.0]]])
+    got = reference(q, torch.cat([ckv, kpe], -1), ckv, False, -1, None, 1.0)
+    for head, logits in ((0, [2.0, 0.0]), (1, [0.0, 2.0])):
+        w = torch.softmax(torch.tensor(logits), 0)
+        assert torch.allclose(got[0, head], w[0] * ckv[0, 0] + w[1] * ckv[1, 0], atol=1e-6)
+
+
+def test_fp4_quantization_check_fails_a_value_off_by_more_than_one_step() -> None:
+    """The fp4 quantization check's verdict on CPU: the reference's own values pass; one
+    value moved by two steps, or more than 0.1 % of values moved by one, fail."""
+    x = torch.randn(128, 512, generator=torch.Generator().manual_seed(3)) * 3
+    scale = 448.0 * 6.0 / float(x.abs().max())
+    want = reference_dequantized(x, scale)
+    assert judge(want.clone(), want)[2]
+    step = float(want[5, :16].abs().max()) / 6
+    wrong = want.clone()
+    wrong[5, 3] += 2 * step
+    assert not judge(wrong, want)[2]
+    many = want.clone()
+    many[:, 0] += want.abs().view(128, -1, 16).amax(-1)[:, 0] / 6  # one step, 1/512 of values
+    assert not judge(many, want)[2]
+
+
+def test_block_fp8_dequantization_scales_each_block() -> None:
+    values = torch.ones(2, 256)
+    scales = torch.tensor([[2.0, 3.0]])  # one 2-row block (rows_per_scale 2), two 128 groups
+    got = dequantize_block_fp8(values, scales, 2)
+    assert got[:, :128].eq(2.0).all() and got[:, 128:].eq(3.0).all()
+    per_row = dequantize_block_fp8(values, torch.tensor([[1.0, 4.0], [5.0, 6.0]]), 1)
+    assert per_row[1, 0] == 5.0 and per_row[0, 255] == 4.0
+
+
+@pytest.mark.parametrize(
+    ("module", "layouts"),
+    [
+        (
+            "batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_"
+            "head_dim_qk_192_head_dim_vo_128_posenc_0_use_swa_False_use_logits_cap_False_f16qk_False",
+            ["ragged"],
+        ),
+        (
+            "batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_e4m3_dtype_o_bf16_dtype_idx_i32_"
+            "head_dim_qk_64_head_dim_vo_64_posenc_0_use_swa_True_use_logits_cap_False_f16qk_False",
+            ["paged", "paged"],
+        ),
+        (
+            "single_decode_with_kv_cache_dtype_q_f16_dtype_kv_f16_dtype_o_f16_head_dim_qk_128_"
+            "head_dim_vo_128_posenc_0_use_swa_False_use_logits_cap_True",
+            ["single_decode"],
+        ),
+        (
+            "batch_attention_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_"
+            "head_dim_qk_64_head_dim_vo_64_posenc_0_use_logits_soft_cap_true_use_profiler_false",
+            ["holistic", "holistic"],
+        ),
+        ("batch_prefill_attention_sink_bf16_swa_True_fa2", ["sink", "sink"]),
+        # upstream's AOT name for the same sink kernels: the public wrapper never loads it
+        (
+            "batch_prefill_with_attention_sink_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_"
+            "dtype_idx_i32_head_dim_qk_64_head_dim_vo_64_use_swa_False_",
+            [],
+        ),
+    ],
+)
+def test_each_attention_module_name_asks_for_its_runs(module: str, layouts: list[str]) -> None:
+    found = cases(module)
+    assert [case.layout for case in found] == layouts
+    if "swa_True" in module:
+        assert all(case.window > 0 for case in found)
+    if "cap_True" in module or "soft_cap_true" in module:
+        assert all(case.cap for case in found)
