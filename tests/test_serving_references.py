@@ -21,6 +21,7 @@ from sm120_build.node.serving.fp4 import (  # noqa: E402
     unpack,
 )
 from sm120_build.node.serving.gemm import dequantize_block_fp8  # noqa: E402
+from sm120_build.node.serving.moe import reference_moe  # noqa: E402
 
 
 def test_e2m1_rounds_to_nearest_ties_to_even_and_saturates() -> None:
@@ -209,3 +210,24 @@ def test_each_attention_module_name_asks_for_its_runs(module: str, layouts: list
         assert all(case.window > 0 for case in found)
     if "cap_True" in module or "soft_cap_true" in module:
         assert all(case.cap for case in found)
+
+
+def test_moe_reference_routes_through_swiglu_and_rounds_the_intermediate() -> None:
+    """One token, expert 1 of 2 at weight 0.5, fc1 rows [up; gate]: up = gate = 6, so the
+    intermediate is silu(6) * 6 = 35.91, which NVFP4 with a scale of 1 rounds to 36 (block
+    scale e4m3(35.91 / 6) = 6, 5.985 -> e2m1 6); fc2 passes it on: 0.5 * 36 = 18."""
+    hidden, inter = 16, 16
+    x = torch.zeros(1, hidden)
+    x[0, 0] = 6.0
+    w13 = torch.zeros(2, 2 * inter, hidden)
+    w13[1, 0, 0] = 1.0  # up[0]
+    w13[1, inter, 0] = 1.0  # gate[0]
+    w13[0] = 5.0  # expert 0 is not routed to: it must not count
+    w2 = torch.zeros(2, hidden, inter)
+    w2[1, 0, 0] = 1.0
+    out = reference_moe(
+        x, w13, w2, torch.tensor([[1]]), torch.tensor([[0.5]]), 1.0, intermediate_scale=1.0
+    )
+    want = torch.zeros(1, hidden)
+    want[0, 0] = 18.0
+    assert torch.equal(out, want)

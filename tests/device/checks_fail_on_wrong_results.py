@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 import flashinfer
+import flashinfer.mla
 import flashinfer.norm
 import torch
 
@@ -55,6 +56,13 @@ CASES: list[tuple[str, Any, str, Any, Any]] = [
         "run",
         lambda out, args: out,
         lambda: [r for r in attention.check(attention_modules) if r.case.startswith("decode")],
+    ),
+    (
+        "attention MLA",
+        flashinfer.mla.BatchMLAPagedAttentionWrapper,
+        "run",
+        lambda out, args: out,
+        lambda: [r for r in attention.check(attention_modules) if r.case.startswith("mla/")],
     ),
 ]
 for label, owner, name, where, run in CASES:

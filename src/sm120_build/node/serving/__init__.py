@@ -69,7 +69,7 @@ Check = Callable[[list[str]], list[Row]]
 def checks() -> dict[str, Check]:
     """recipe -> its check (sglang's kernels go by their module names, serving/sglang.py).
     Imported lazily: each family imports torch and FlashInfer."""
-    from . import attention, elementwise, fp4, gemm
+    from . import attention, elementwise, fp4, gemm, moe
 
     return {
         "attention": attention.check,
@@ -86,4 +86,5 @@ def checks() -> dict[str, Check]:
         "fp4_quantization_121": fp4.quantization,
         "fp4_gemm_cutlass_sm120": gemm.fp4_gemm,
         "gemm_sm120": gemm.block_fp8_gemm,
+        "fused_moe_120": moe.check,
     }
