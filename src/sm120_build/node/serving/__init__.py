@@ -76,6 +76,8 @@ def checks() -> dict[str, Check]:
         "attention_sample": attention.check,
         "attention_d64": attention.check,
         "attention_d128": attention.check,
+        "attention_mla": attention.check,
+        "attention_entry_points": attention.check,
         "attention_mla_ragged": attention.check,
         "attention_sink": attention.check,
         "cascade": elementwise.cascade,
