@@ -139,3 +139,23 @@ def test_publish_with_dependencies_needs_the_lock(closure: dict[str, Path]) -> N
     assert result.returncode == 1
     assert "node-lock.txt is missing: run `nox -s lock_node` first" in result.stderr
     assert not (closure["tmp"] / "m").exists()
+
+
+def test_the_lock_keeps_to_pips_configured_constraints(closure: dict[str, Path]) -> None:
+    """pip fetches the locked closure (publish --with-dependencies), so a version that pip's
+    configured constraints exclude must not be locked: gamma 4.0 is served, the constraint
+    caps it below 4, the lock pins 3.0."""
+    wheel_in(closure["links"], "gamma_pkg", "4.0")
+    constraints = closure["tmp"] / "constraints.txt"
+    constraints.write_text("gamma-pkg<4\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "sm120_build", "lock-node", "--python-version", "3.11"],
+        cwd=closure["root"],
+        env=pip_env(closure, PIP_CONSTRAINT=str(constraints)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    lock = (closure["root"] / "wheelhouse" / "node-lock.txt").read_text()
+    assert {pin.name: pin.version for pin in parse_pins(lock)}["gamma-pkg"] == "3.0"

@@ -142,10 +142,12 @@ class Link:
 
 @dataclass(frozen=True)
 class Sources:
-    """Where pip looks for packages: find-links first, then the indexes."""
+    """Where pip looks for packages: find-links first, then the indexes; and the constraint
+    files pip applies to whatever it installs or downloads."""
 
     find_links: tuple[str, ...]
     indexes: tuple[str, ...]
+    constraints: tuple[str, ...] = ()
 
     def describe(self) -> str:
         places = [*self.find_links, *self.indexes]
@@ -156,8 +158,9 @@ _TRUE = ("1", "true", "yes", "on")
 
 
 def pip_sources() -> Sources:
-    """pip's find-links, index-url and extra-index-url, and whether it uses an index at all,
-    from its configuration files and environment, as `pip config list` reports them."""
+    """pip's find-links, index-url, extra-index-url and constraint files, and whether it uses
+    an index at all, from its configuration files and environment, as `pip config list`
+    reports them."""
     result = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True
     )
@@ -181,7 +184,7 @@ def pip_sources() -> Sources:
     if not (values("no-index") and values("no-index")[0].lower() in _TRUE):
         indexes = values("index-url")[:1] or [_pip_default_index()]
         indexes += values("extra-index-url")
-    return Sources(tuple(values("find-links")), tuple(indexes))
+    return Sources(tuple(values("find-links")), tuple(indexes), tuple(values("constraint")))
 
 
 def _pip_default_index() -> str:

@@ -96,7 +96,10 @@ def parse_pins(text: str) -> list[Pin]:
 
 
 def _source_options(sources: Sources) -> list[str]:
+    """uv's spelling of pip's configuration. pip's constraint files too: pip fetches the
+    closure (publish --with-dependencies) and would refuse a version they exclude."""
     options = [option for place in sources.find_links for option in ("--find-links", place)]
+    options += [option for path in sources.constraints for option in ("--constraint", path)]
     if not sources.indexes:
         return [*options, "--no-index"]
     options += ["--index-url", sources.indexes[0]]
