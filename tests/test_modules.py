@@ -166,7 +166,8 @@ def test_profiles_select_default_profile_modules_and_both() -> None:
     with pytest.raises(
         UserError,
         match=r"no profile 'nope'.*known: comm, deepseek-v3-nvfp4, glm-4.6-nvfp4, "
-        r"llama-3.1-8b-instruct, qwen3-30b-a3b-fp8, served, sglang-jit, sglang-sm120, verify-sm90, verify-sm90-d64",
+        r"llama-3.1-8b-instruct, qwen3-30b-a3b-fp8, served, sglang-jit, sglang-sm120, "
+        r"verify-sm90, verify-sm90-d64",
     ):
         profiles.select("nope", [])
     with pytest.raises(UserError, match=r"no module recipe 'nrom'"):
