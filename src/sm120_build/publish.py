@@ -34,7 +34,7 @@ from .console import say
 from .errors import UserError
 from .fetch import fetch_pinned_wheel
 from .index import Reader, page_links, project_of, server_of
-from .node_lock import mirror_files
+from .node_lock import mirror_files, parse_pins
 from .sums import checked_wheels
 
 DEFAULT_TIMEOUT = 120  # seconds: one request to the index, or one upload
@@ -60,11 +60,6 @@ class LocalWheel:
     sha256: str
 
 
-_PINNED = re.compile(
-    r"^(?P<name>[A-Za-z0-9_.-]+)==(?P<version>\S+)(?P<hashes>(?:\s+--hash=sha256:[0-9a-f]{64})+)$"
-)
-
-
 def companion_wheels(wheelhouse: Path, ours: list[LocalWheel], cache: Path) -> list[LocalWheel]:
     """Every file requirements.txt pins besides our wheels (flashinfer-cubin), fetched
     through pip with its pinned hash: a node that reaches only the internal index needs
@@ -74,13 +69,12 @@ def companion_wheels(wheelhouse: Path, ours: list[LocalWheel], cache: Path) -> l
         raise UserError(f"{requirements} is missing: run `nox -s build_wheels` first")
     mine = {wheel.project for wheel in ours}
     companions = []
-    for line in requirements.read_text().replace("\\\n", " ").splitlines():
-        match = _PINNED.match(line.strip())
-        if match is None or canonicalize_name(match["name"]) in mine:
+    for pin in parse_pins(requirements.read_text()):
+        if pin.name in mine or not pin.hashes:
             continue
-        spec = f"{match['name']}=={match['version']} {' '.join(match['hashes'].split())}"
-        path = fetch_pinned_wheel(spec, cache)
-        companions.append(LocalWheel(path, str(canonicalize_name(match["name"])), sha256_of(path)))
+        hashes = " ".join(f"--hash=sha256:{digest}" for digest in pin.hashes)
+        path = fetch_pinned_wheel(f"{pin.name}=={pin.version} {hashes}", cache)
+        companions.append(LocalWheel(path, pin.name, sha256_of(path)))
     return companions
 
 
