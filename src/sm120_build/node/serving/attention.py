@@ -288,33 +288,24 @@ def _run(case: Case) -> Row:
                 kv_data_type=kv_type,
             )
             got, _ = holistic.run(q, pages, logits_soft_cap=case.cap or 0.0)
-        elif case.layout == "sink":
-            wrapper = flashinfer.BatchAttentionWithAttentionSinkWrapper(
-                workspace,
-                "NHD",
-                backend="fa2",
-                q_data_type=q_type,
-                kv_data_type=kv_type,
-                head_dim_qk=case.dim,
-                head_dim_vo=case.dim,
-                window_left=case.window,
-            )
-            wrapper.plan(
-                qo_indptr,
-                *indptr,
-                last,
-                QO_HEADS,
-                KV_HEADS,
-                case.dim,
-                case.page,
-                causal=True,
-                **common,
-            )
-            got = wrapper.run(q, pages, sink, sm_scale)
         else:
-            wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-                workspace, "NHD", backend="fa2"
-            )
+            extra: tuple[Any, ...] = ()  # the sink variant's additional run() arguments
+            if case.layout == "sink":
+                wrapper = flashinfer.BatchAttentionWithAttentionSinkWrapper(
+                    workspace,
+                    "NHD",
+                    backend="fa2",
+                    q_data_type=q_type,
+                    kv_data_type=kv_type,
+                    head_dim_qk=case.dim,
+                    head_dim_vo=case.dim,
+                    window_left=case.window,
+                )
+                extra = (sink, sm_scale)
+            else:
+                wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                    workspace, "NHD", backend="fa2"
+                )
             wrapper.plan(
                 qo_indptr,
                 *indptr,
@@ -326,7 +317,7 @@ def _run(case: Case) -> Row:
                 causal=True,
                 **common,
             )
-            got = wrapper.run(q, pages)
+            got = wrapper.run(q, pages, *extra)
     torch.cuda.synchronize()
     return compare(
         "attention",
