@@ -3,8 +3,13 @@
 # with this project's own build, install the wheels into a fresh venv over the image's torch,
 # and run verify_gpu over every module of that wheel. Not a test of the suite (it needs a GPU).
 #
-# Carried: .devwhl/ (pins.toml's [build] and [render] requirements but torch and cmake's
-# image copies, as wheels), .cache/sdists and the cache's marker (the pinned sdists).
+# Carried: .devwhl/ (pins.toml's [build] and [render] requirements as wheels, less torch,
+# numpy, filelock, jinja2 and requests, which the image has, plus their own requirements:
+# pyelftools, pathspec, typing-extensions, zipp, jaraco.functools, jaraco.context,
+# autocommand, more-itertools, vcs-versioning), made here with `pip download --no-deps
+# --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 ... -d .devwhl`
+# and ignored through .git/info/exclude; .cache/sdists and .cache/.sm120-build-cache (the
+# pinned sdists and the cache's marker).
 #
 #   bash tests/device/build_and_verify.sh PROFILE [extra verify_gpu arguments]
 set -uo pipefail
