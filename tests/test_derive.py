@@ -105,6 +105,18 @@ def test_the_derived_profiles_are_what_sglang_asks_for() -> None:
     assert PREFILL.format(qk=192, vo=128) in calls.values()
     attention = [c for c in calls.values() if "gen_batch_prefill_module" in c]
     assert all(c.endswith("0, False, False, False)") for c in attention)
+    # The backend's forward merges an extend over a cached prefix (cascade) for the MHA
+    # models. GLM with --moe-runner-backend flashinfer_cutlass runs FlashInfer's fused MoE;
+    # DeepSeek at the default backend runs sgl_kernel's (cutlass_moe_fp4) and routes with
+    # sgl_kernel's moe_fused_gate (its shared expert is fused in, so FlashInfer's DeepSeek
+    # routing is not taken); GLM's 160 experts are no power of two, so neither is it there.
+    members = {name: set(recipes) for name, recipes in derived.profiles.items()}
+    for name in ("llama-3.1-8b-instruct", "qwen3-30b-a3b-fp8", "glm-4.6-nvfp4"):
+        assert "cascade" in members[name], name
+    assert {"fused_moe_120", "fp4_gemm_cutlass_sm120"} <= members["glm-4.6-nvfp4"]
+    assert "fp4_gemm_cutlass_sm120" in members["deepseek-v3-nvfp4"]
+    assert not {"fused_moe_120", "dsv3_fused_routing"} & members["deepseek-v3-nvfp4"]
+    assert "dsv3_fused_routing" not in members["served"]
     kv = {
         profile: sorted(
             re.findall(

@@ -231,3 +231,27 @@ def test_moe_reference_routes_through_swiglu_and_rounds_the_intermediate() -> No
     want = torch.zeros(1, hidden)
     want[0, 0] = 18.0
     assert torch.equal(out, want)
+
+
+def test_every_module_of_the_served_profile_has_a_check() -> None:
+    """Derived recipes are named by their generator and a digest (batch_prefill.bf3c4f2a):
+    verify_gpu finds their family by that stem, so the served profile has no module without
+    a check (trtllm_comm is checked over ranks, sglang's kernels by module name)."""
+    from pathlib import Path
+
+    from sm120_build.node.serving import check_for, checks
+    from sm120_build.profiles import load
+
+    profiles = load(Path(__file__).resolve().parents[1] / "profiles.toml")
+    families = checks()
+    unchecked = [
+        recipe
+        for recipe in profiles.profiles["served"]
+        if recipe != "trtllm_comm"
+        and not recipe.startswith(("sglang_", "kvcache."))
+        and check_for(recipe, families) is None
+    ]
+    assert unchecked == []
+    assert check_for("batch_prefill.bf3c4f2a", families) is families["attention"]
+    assert check_for("batch_mla.87606514", families) is families["attention"]
+    assert check_for("nothing.12345678", families) is None

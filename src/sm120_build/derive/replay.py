@@ -38,6 +38,7 @@ import functools
 import inspect
 import json
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 REQUESTED: dict[str, dict[str, Any]] = {}
@@ -67,6 +68,17 @@ def _virtual_gpu(arch: tuple[int, int]) -> None:
 
     torch.cuda.Stream = Stream
     torch.cuda.Event = Stream
+
+    class NoDevice(ValueError):
+        """What needs the device itself: cuDNN's plan for mm_fp4's backend check. FlashInfer's
+        automatic backend choice skips a backend whose check raises a ValueError
+        (flashinfer/utils.py:1088) and loads the module of every other suitable one
+        (gemm/gemm_base.py:2945), so the others are still recorded."""
+
+    def current_stream(device: Any = None) -> Any:
+        raise NoDevice("the replay has no device")
+
+    torch.cuda.current_stream = current_stream
 
     def on_host(factory: Any) -> Any:
         @functools.wraps(factory)
@@ -132,10 +144,11 @@ def _argument(value: Any) -> str:
 
 
 class _Module:
-    """A loaded module whose every function does nothing."""
+    """A loaded module whose every function does nothing; its plan is an empty one, which
+    the wrappers' run() only checks is there (flashinfer/prefill.py, decode.py)."""
 
     def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
+        return lambda *args, **kwargs: [] if name == "plan" else None
 
 
 class _Spec:
@@ -204,11 +217,10 @@ def _intercept_compilation(arch: tuple[int, int]) -> None:
             and getattr(module, "get_compute_capability", None) is real
         ):
             vars(module)["get_compute_capability"] = capability
-    # gen_*_module anywhere in FlashInfer (some live beside their ops, as fp4_quantization's);
-    # the outermost call is recorded, since a recorder does not call what it replaces.
-    _intercept(
-        "flashinfer", lambda name: name.startswith("gen_") and name.endswith("_module"), _Spec
-    )
+    # gen_*_module* anywhere in FlashInfer (some live beside their ops, as fp4_quantization's;
+    # some name their variant last, as gen_gemm_sm120_module_cutlass_fp4); the outermost call
+    # is recorded, since a recorder does not call what it replaces.
+    _intercept("flashinfer", lambda name: name.startswith("gen_") and "_module" in name, _Spec)
     _intercept(
         "sglang.jit_kernel",
         lambda name: name.startswith("_jit_") and name.endswith("_module"),
@@ -243,6 +255,8 @@ def main() -> None:
     import sglang.srt.layers.attention.flashinfer_mla_backend  # noqa: F401
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.configs.model_config import AttentionArch, ModelConfig
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.model_loader.loader import _get_quantization_config, _initialize_model
@@ -272,6 +286,9 @@ def main() -> None:
     )
     server_args.set_global_server_args_for_scheduler(args)  # as the scheduler process does
     model_config = ModelConfig.from_server_args(args)
+    # The MoE runner and FP8/FP4 GEMM backends, as the scheduler process sets them before
+    # it builds the model (managers/scheduler.py:503 init_moe_gemm_config).
+    Scheduler.init_moe_gemm_config(SimpleNamespace(server_args=args, model_config=model_config))
     from sglang.srt.layers.dp_attention import initialize_dp_attention
 
     initialize_dp_attention(args, model_config)  # as ModelRunner.init_torch_distributed does
@@ -329,14 +346,18 @@ def main() -> None:
             forward.extend_num_tokens = 12
         return forward
 
+    attention = next(m for m in model.modules() if isinstance(m, RadixAttention))
     for mode, prefix in (
         (ForwardMode.DECODE, 16),
         (ForwardMode.EXTEND, 0),
         (ForwardMode.EXTEND, 16),
     ):
-        backend.init_forward_metadata(batch(mode, prefix))
+        forward = batch(mode, prefix)
+        backend.init_forward_metadata(forward)
+        _attend(runner, backend, attention, forward, torch)
 
-    _exercise_layers(runner, model, torch)
+    _exercise_layers(runner, model, attention, torch)
+    _route_and_run_experts(runner, model, torch)
     resolved = {
         name: str(getattr(args, name))
         for name in (
@@ -355,16 +376,29 @@ def main() -> None:
     print(json.dumps({"resolved": resolved, "requested": list(REQUESTED.values())}))
 
 
-def _exercise_layers(runner: Any, model: Any, torch: Any) -> None:
+def _attend(runner: Any, backend: Any, layer: Any, forward: Any, torch: Any) -> None:
+    """The backend's forward for the batch it has just planned, as RadixAttention.forward
+    calls it (layers/radix_attention.py), on zeros: what it asks for beyond its plans, such
+    as merge_state for an extend over a cached prefix (flashinfer_backend.py:853)."""
+    tokens = forward.extend_num_tokens if forward.forward_mode.is_extend() else forward.batch_size
+    q = torch.zeros(tokens, layer.tp_q_head_num * layer.qk_head_dim, dtype=runner.dtype)
+    k = torch.zeros(tokens, layer.tp_k_head_num, layer.qk_head_dim, dtype=runner.dtype)
+    v = torch.zeros(tokens, layer.tp_v_head_num, layer.v_head_dim, dtype=runner.dtype)
+    forward.token_to_kv_pool = runner.token_to_kv_pool
+    try:
+        backend.forward(q, k, v, layer, forward, save_kv_cache=False)
+    except Exception as exc:  # past its requests, a stand-in kernel returned nothing
+        print(f"attention {forward.forward_mode.name}: {exc!r}", file=sys.stderr)
+
+
+def _exercise_layers(runner: Any, model: Any, attention: Any, torch: Any) -> None:
     """The model's own layers, called the way its forward calls them: the KV store of the
     first attention layer, each rotary embedding, each attention's QK-norm, and each kind of
     linear layer's quantization method (weights on the meta device, input on the host)."""
     from sglang.srt.layers.linear import LinearBase
-    from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.layers.rotary_embedding import RotaryEmbedding
     from sglang.srt.models.utils import apply_qk_norm
 
-    attention = next(m for m in model.modules() if isinstance(m, RadixAttention))
     pool = runner.token_to_kv_pool
     if hasattr(pool, "k_buffer"):  # MHA pools; an MLA pool stores through FlashInfer's MLA path
         heads, dim = attention.tp_k_head_num, attention.qk_head_dim
@@ -408,6 +442,46 @@ def _exercise_layers(runner: Any, model: Any, torch: Any) -> None:
                 apply_qk_norm(q, q.clone(), q_norm, k_norm, head)
             except Exception as exc:
                 print(f"qk-norm {type(module).__name__}: {exc!r}", file=sys.stderr)
+
+
+def _route_and_run_experts(runner: Any, model: Any, torch: Any) -> None:
+    """The first MoE block, as its forward calls it (models/deepseek_v2.py DeepseekV2MoE,
+    models/glm4_moe.py): the router's top-k over the gate's logits, then the experts'
+    FusedMoE.forward, whose quantization method picks the kernel (weights on the meta
+    device after their post-load processing, input on the host)."""
+    from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+    from sglang.srt.layers.moe.topk import StandardTopKOutput, TopK
+
+    # torch.compile'd routing helpers run eagerly: compiling fuses, it chooses no kernel.
+    torch._dynamo.config.disable = True
+    router = next((m for m in model.modules() if isinstance(m, TopK)), None)
+    experts = next((m for m in model.modules() if isinstance(m, FusedMoE)), None)
+    if router is None or experts is None:
+        return
+    # On the meta device: sgl_kernel's routing and MoE ops have meta kernels, no CPU ones.
+    hidden = torch.zeros(2, experts.hidden_size, dtype=runner.dtype, device="meta")
+    # The gate scores the routed experts; the experts' count includes shared ones fused in.
+    routed_experts = experts.num_experts - router.topk_config.num_fused_shared_experts
+    logits = torch.zeros(2, routed_experts, dtype=torch.float32, device="meta")
+    bias = router.topk_config.correction_bias  # the gate's, built on the host or on meta
+    if bias is not None:
+        router.topk_config.correction_bias = torch.zeros_like(bias, device="meta")
+    try:
+        routed = router.forward_cuda(hidden, logits)
+    except Exception as exc:  # a routing kernel with no meta implementation (topk_softmax)
+        print(f"moe top-k: {exc!r}", file=sys.stderr)
+        # The experts' kernel goes by shapes and dtypes, not by which experts were chosen.
+        top_k = router.topk_config.top_k
+        routed = StandardTopKOutput(
+            torch.zeros(2, top_k, dtype=torch.float32, device="meta"),
+            torch.zeros(2, top_k, dtype=torch.int32, device="meta"),
+            logits,
+        )
+    try:
+        experts.quant_method.process_weights_after_loading(experts)
+        experts.forward(hidden, routed)
+    except Exception as exc:  # past its first kernel, a stand-in returned nothing
+        print(f"moe experts {type(experts.quant_method).__name__}: {exc!r}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def serving_rows(modules: dict[str, str], archs: dict[str, set[str]]) -> list[Ro
     """The rows of every module but trtllm_comm, recipe by recipe, with progress."""
     import torch
 
-    from .serving import checks
+    from .serving import check_for, checks
     from .serving.sglang import check as sglang_check
 
     major, minor = torch.cuda.get_device_capability()
@@ -100,7 +100,7 @@ def serving_rows(modules: dict[str, str], archs: dict[str, set[str]]) -> list[Ro
             for n in names
             if n not in runnable
         ]
-        check = sglang_check if names[0].startswith(MODULE_PREFIX) else families.get(recipe)
+        check = sglang_check if names[0].startswith(MODULE_PREFIX) else check_for(recipe, families)
         if check is None:
             rows += [Row(recipe, n, "-", 0.0, 0.0, NO_CHECK, "") for n in runnable]
         elif runnable:

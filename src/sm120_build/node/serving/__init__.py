@@ -66,6 +66,24 @@ def compare(
 Check = Callable[[list[str]], list[Row]]
 
 
+# A derived recipe (profiles-derived.toml) is named by its generator, less gen_ and _module,
+# and a digest of its call (derive.recipe_name): its family goes by that stem.
+DERIVED_FAMILIES = {
+    "batch_prefill": "attention",
+    "batch_decode": "attention",
+    "batch_mla": "attention",
+    "single_prefill": "attention",
+    "single_decode": "attention",
+    "batch_attention": "attention",
+}
+
+
+def check_for(recipe: str, families: dict[str, Check]) -> Check | None:
+    """The check of a recipe of profiles.toml, or of a derived one by its generator."""
+    stem = recipe.split(".", 1)[0]
+    return families.get(recipe) or families.get(DERIVED_FAMILIES.get(stem, stem))
+
+
 def checks() -> dict[str, Check]:
     """recipe -> its check (sglang's kernels go by their module names, serving/sglang.py).
     Imported lazily: each family imports torch and FlashInfer."""
@@ -76,6 +94,7 @@ def checks() -> dict[str, Check]:
         "attention_sample": attention.check,
         "attention_d64": attention.check,
         "attention_d128": attention.check,
+        "attention_gemma": attention.check,
         "attention_mla": attention.check,
         "attention_entry_points": attention.check,
         "attention_mla_ragged": attention.check,
