@@ -117,6 +117,8 @@ def test_the_derived_profiles_are_what_sglang_asks_for() -> None:
     assert "fp4_gemm_cutlass_sm120" in members["deepseek-v3-nvfp4"]
     assert not {"fused_moe_120", "dsv3_fused_routing"} & members["deepseek-v3-nvfp4"]
     assert "dsv3_fused_routing" not in members["served"]
+    # The allreduce fusion only where --enable-flashinfer-allreduce-fusion asks for it.
+    assert [n for n, m in members.items() if "trtllm_comm" in m] == ["glm-4.6-nvfp4", "served"]
     kv = {
         profile: sorted(
             re.findall(

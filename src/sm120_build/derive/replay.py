@@ -358,6 +358,7 @@ def main() -> None:
 
     _exercise_layers(runner, model, attention, torch)
     _route_and_run_experts(runner, model, torch)
+    _fuse_allreduce(runner, model, tp, torch)
     resolved = {
         name: str(getattr(args, name))
         for name in (
@@ -482,6 +483,33 @@ def _route_and_run_experts(runner: Any, model: Any, torch: Any) -> None:
         experts.forward(hidden, routed)
     except Exception as exc:  # past its first kernel, a stand-in returned nothing
         print(f"moe experts {type(experts.quant_method).__name__}: {exc!r}", file=sys.stderr)
+
+
+def _fuse_allreduce(runner: Any, model: Any, tp: int, torch: Any) -> None:
+    """The allreduce after attention, fused with the residual add and RMSNorm, where
+    sglang's own gate takes it (layers/communicator.py:814 apply_flashinfer_allreduce_fusion)
+    through the norm's forward_with_allreduce_fusion (layers/layernorm.py:318). What stands
+    in: the ranks' shared workspace, CUDA IPC memory that every rank of a real process group
+    maps (flashinfer_comm_fusion.py:101), counts as made, and this is rank 0."""
+    import sglang.srt.layers.communicator as communicator
+    import sglang.srt.layers.flashinfer_comm_fusion as fusion
+
+    tokens = 2
+    layer = next((m for m in model.modules() if hasattr(m, "post_attention_layernorm")), None)
+    if layer is None or not communicator.apply_flashinfer_allreduce_fusion(tokens):
+        return
+    norm = layer.post_attention_layernorm
+    if not hasattr(norm, "forward_with_allreduce_fusion"):
+        return
+    workspace = fusion._workspace_manager
+    workspace.initialized, workspace.world_size, workspace.rank = True, tp, 0
+    fusion.dist.get_rank = lambda group=None: 0
+    norm.weight = torch.nn.Parameter(torch.zeros(norm.weight.shape, dtype=norm.weight.dtype))
+    x = torch.zeros(tokens, norm.weight.shape[0], dtype=runner.dtype)
+    try:
+        norm.forward_with_allreduce_fusion(x, x.clone())
+    except Exception as exc:  # past its request, the stand-in kernel returned nothing
+        print(f"allreduce fusion: {exc!r}", file=sys.stderr)
 
 
 if __name__ == "__main__":
