@@ -15,7 +15,7 @@ from sm120_build.jit_cache.cmake import modules_cmake
 from sm120_build.jit_cache.jit_specs import parse_ninja
 from sm120_build.jit_cache.overlay import overlay_base
 from sm120_build.jit_cache.render import Module, render_modules
-from sm120_build.node.check import patch_series, runs_on
+from sm120_build.node.check import device_arch, patch_series, provenance, runs_on
 from sm120_build.profiles import load
 from sm120_build.toolkit import Toolkit
 
@@ -208,6 +208,27 @@ def test_patch_series_label() -> None:
     assert patch_series("0.6.3+cu130.sm120f.p1a2b3c4d") == "p1a2b3c4d"
     assert patch_series("0.6.3+sm120.p1a2b3c4d") == "p1a2b3c4d"
     assert patch_series("0.6.3+cu130") is None and patch_series("0.6.3") is None
+
+
+def test_runs_on_refuses_what_is_not_an_arch() -> None:
+    assert not runs_on("sm_120a", 12, 0) and not runs_on("12.0b", 12, 0)
+    assert not runs_on("12.10", 12, 1)  # one minor digit, as CUDA spells archs
+
+
+def test_node_tools_take_the_builds_arch_spellings() -> None:
+    assert device_arch("12.0") == (12, 0, "--arch")
+    assert device_arch("12.0f") == (12, 0, "--arch")
+    assert device_arch("12.1a") == (12, 1, "--arch")
+    for wrong in ("sm_120", "120", "12.0x", "12.0af"):
+        with pytest.raises(UserError, match=r"expected MAJOR\.MINOR, e\.g\. 12\.0"):
+            device_arch(wrong)
+
+
+def test_provenance_names_what_is_missing() -> None:
+    with pytest.raises(UserError, match=r"^no-such-distribution is not installed in /"):
+        provenance("no-such-distribution")
+    with pytest.raises(UserError, match=r"^pytest \S+ was not built by sm120-build"):
+        provenance("pytest")
 
 
 def jit_cache_wheel(path: Path, version: str, modules: dict[str, bytes]) -> Path:
