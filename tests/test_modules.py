@@ -224,6 +224,28 @@ def test_node_tools_take_the_builds_arch_spellings() -> None:
             device_arch(wrong)
 
 
+def test_without_arch_the_node_tools_need_a_gpu() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    with pytest.raises(UserError) as error:
+        device_arch(None)
+    assert str(error.value) == (
+        "no CUDA GPU is visible; on a machine without one, pass --arch 12.0"
+    )
+
+
+def test_provenance_is_read_from_the_installed_distribution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    info = tmp_path / "built_here-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: built-here\nVersion: 1.0\n")
+    (info / "sm120-build.json").write_text('{"archs": ["12.0f"]}')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert provenance("built-here") == {"archs": ["12.0f"]}
+
+
 def test_provenance_names_what_is_missing() -> None:
     with pytest.raises(UserError, match=r"^no-such-distribution is not installed in /"):
         provenance("no-such-distribution")
