@@ -72,9 +72,6 @@ DERIVED_FAMILIES = {
     "batch_prefill": "attention",
     "batch_decode": "attention",
     "batch_mla": "attention",
-    "single_prefill": "attention",
-    "single_decode": "attention",
-    "batch_attention": "attention",
 }
 
 
