@@ -448,8 +448,8 @@ def _exercise_layers(runner: Any, model: Any, attention: Any, torch: Any) -> Non
 def _route_and_run_experts(runner: Any, model: Any, torch: Any) -> None:
     """The first MoE block, as its forward calls it (models/deepseek_v2.py DeepseekV2MoE,
     models/glm4_moe.py): the router's top-k over the gate's logits, then the experts'
-    FusedMoE.forward, whose quantization method picks the kernel (weights on the meta
-    device after their post-load processing, input on the host)."""
+    FusedMoE.forward, whose quantization method picks the kernel (weights after their
+    post-load processing and inputs, all on the meta device)."""
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
     from sglang.srt.layers.moe.topk import StandardTopKOutput, TopK
 
