@@ -23,6 +23,13 @@ def wheelhouse(tmp_path: Path, wheels: dict[str, bytes]) -> Path:
     return house
 
 
+def refusal(house: Path) -> str:
+    """What checked_wheels refuses the wheelhouse with."""
+    with pytest.raises(UserError) as error:
+        checked_wheels(house)
+    return str(error.value)
+
+
 def test_every_listed_wheel_comes_back_with_its_sha256(tmp_path: Path) -> None:
     big = bytes(range(256)) * 5000  # over one read block (1 MiB)
     house = wheelhouse(tmp_path, {"a-1-py3-none-any.whl": b"a", "b-1-py3-none-any.whl": big})
@@ -53,9 +60,7 @@ def test_a_malformed_line_is_refused_with_its_number(tmp_path: Path, line: str) 
     house = wheelhouse(tmp_path, {"a-1-py3-none-any.whl": b"a"})
     sums = house / SUMS_FILE
     sums.write_text(sums.read_text() + line + "\n")
-    with pytest.raises(UserError) as error:
-        checked_wheels(house)
-    assert str(error.value) == (
+    assert refusal(house) == (
         f"{sums}:2 is not '<sha256>  <wheel file name>': {line[:80]!r}. "
         "Rebuild the wheelhouse with `nox -s build_wheels`."
     )
@@ -64,9 +69,7 @@ def test_a_malformed_line_is_refused_with_its_number(tmp_path: Path, line: str) 
 def test_a_wheel_beside_them_is_refused(tmp_path: Path) -> None:
     house = wheelhouse(tmp_path, {"a-1-py3-none-any.whl": b"a"})
     (house / "planted-1-py3-none-any.whl").write_bytes(b"x")
-    with pytest.raises(UserError) as error:
-        checked_wheels(house)
-    assert str(error.value) == (
+    assert refusal(house) == (
         f"{house / 'planted-1-py3-none-any.whl'} is not listed in SHA256SUMS: it was not built "
         "with this wheelhouse. Remove it, or rebuild with `nox -s build_wheels`."
     )
@@ -75,9 +78,7 @@ def test_a_wheel_beside_them_is_refused(tmp_path: Path) -> None:
 def test_a_changed_wheel_is_refused_naming_both_hashes(tmp_path: Path) -> None:
     house = wheelhouse(tmp_path, {"a-1-py3-none-any.whl": b"a"})
     (house / "a-1-py3-none-any.whl").write_bytes(b"b")
-    with pytest.raises(UserError) as error:
-        checked_wheels(house)
-    assert str(error.value) == (
+    assert refusal(house) == (
         f"{house / 'a-1-py3-none-any.whl'} does not match SHA256SUMS (sha256 "
         f"{hashlib.sha256(b'b').hexdigest()}, listed {hashlib.sha256(b'a').hexdigest()}): it "
         "changed after the build. Rebuild with `nox -s build_wheels`, or copy the wheelhouse "
@@ -90,9 +91,7 @@ def test_listed_wheels_that_are_gone_are_named(tmp_path: Path) -> None:
     house = wheelhouse(tmp_path, wheels)
     (house / "b-1-py3-none-any.whl").unlink()
     (house / "c-1-py3-none-any.whl").unlink()
-    with pytest.raises(UserError) as error:
-        checked_wheels(house)
-    assert str(error.value) == (
+    assert refusal(house) == (
         f"{house} lacks b-1-py3-none-any.whl, c-1-py3-none-any.whl, which SHA256SUMS lists"
     )
 
