@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tarfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -162,6 +162,27 @@ def build_wheels(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     result = run_build(root, *args)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     return result
+
+
+@pytest.fixture(scope="module")
+def module_tmp(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[str], Path]]:
+    """`tmp_path_factory.mktemp` for module-scoped fixtures. What it made is removed when the
+    module's tests end, unless a test has failed by then (kept to look at, as pyproject's
+    tmp_path_retention_policy keeps a failed test's tmp_path). Without this, the slow suite
+    held every module's project roots and node venvs (1.3 GB and 2 to 7 GB each) until the
+    session ended: 34 GB, which filled CI's disk."""
+    made: list[Path] = []
+
+    def mktemp(name: str) -> Path:
+        made.append(tmp_path_factory.mktemp(name))
+        return made[-1]
+
+    yield mktemp
+    if request.session.testsfailed == 0:
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,9 +38,9 @@ def wheel_of(root: Path, project: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def builds(built_project: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def builds(built_project: Path, module_tmp: Callable[[str], Path]) -> tuple[Path, Path]:
     """Two clean builds of the default configuration, in different directories."""
-    second = fresh_root(tmp_path_factory.mktemp("second"))
+    second = fresh_root(module_tmp("second"))
     build_wheels(second)
     return built_project, second
 
@@ -53,9 +54,9 @@ def provenance(builds: tuple[Path, Path]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def shared_object(builds: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def shared_object(builds: tuple[Path, Path], module_tmp: Callable[[str], Path]) -> Path:
     with zipfile.ZipFile(wheel_of(builds[0], "flashinfer_jit_cache")) as archive:
-        target = tmp_path_factory.mktemp("so")
+        target = module_tmp("so")
         return Path(
             archive.extract("flashinfer_jit_cache/jit_cache/trtllm_comm/trtllm_comm.so", target)
         )
@@ -350,8 +351,8 @@ def make_node(wheelhouse: Path, venv: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def node(builds: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_node(builds[0] / "wheelhouse", tmp_path_factory.mktemp("node") / "venv")
+def node(builds: Any, module_tmp: Callable[[str], Path]) -> Path:
+    return make_node(builds[0] / "wheelhouse", module_tmp("node") / "venv")
 
 
 def test_node_loads_every_module_without_nvcc_or_jit(node: Path, tmp_path: Path) -> None:
@@ -618,11 +619,11 @@ class WarmRebuild:
 
 
 @pytest.fixture(scope="module")
-def small_with_rebuild(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, WarmRebuild]:
+def small_with_rebuild(module_tmp: Callable[[str], Path]) -> tuple[Path, WarmRebuild]:
     """norm + fp4_quantization_120, built with a cache of their own; then in a fresh build
     tree with the wheel cache entry dropped (the modules come from the module cache); then
     with the module cache dropped too (every unit from the same, warm, sccache)."""
-    root = fresh_root(tmp_path_factory.mktemp("small"))
+    root = fresh_root(module_tmp("small"))
     artifacts = root / ".cache" / "artifacts"
     build_wheels(root, *SMALL)
     cold = wheel_of(root, "flashinfer_jit_cache").read_bytes()
@@ -641,8 +642,8 @@ def small(small_with_rebuild: tuple[Path, WarmRebuild]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def small_node(small: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_node(small / "wheelhouse", tmp_path_factory.mktemp("small-node") / "venv")
+def small_node(small: Path, module_tmp: Callable[[str], Path]) -> Path:
+    return make_node(small / "wheelhouse", module_tmp("small-node") / "venv")
 
 
 def provenance_of(wheel: Path) -> dict[str, Any]:
@@ -793,12 +794,12 @@ def grid_dependency_counts(shared_object: Path) -> GridDependencyCounts:
 
 
 @pytest.fixture(scope="module")
-def fp4_gemm_both_ways(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def fp4_gemm_both_ways(module_tmp: Callable[[str], Path]) -> dict[str, Path]:
     """fp4_gemm_cutlass_sm120 built from this series and from it without patch 0008, sharing
     one toolkit and compiler cache; their .so files by variant."""
-    patched = fresh_root(tmp_path_factory.mktemp("fp4-gemm"))
+    patched = fresh_root(module_tmp("fp4-gemm"))
     build_wheels(patched, *FP4_GEMM)
-    unpatched = fresh_root(tmp_path_factory.mktemp("fp4-gemm-unpatched"))
+    unpatched = fresh_root(module_tmp("fp4-gemm-unpatched"))
     series = unpatched / "patches" / "flashinfer" / "series"
     names = series.read_text().splitlines()
     assert GDC_PATCH in names
@@ -811,7 +812,7 @@ def fp4_gemm_both_ways(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pa
         text=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    target = tmp_path_factory.mktemp("fp4-gemm-so")
+    target = module_tmp("fp4-gemm-so")
     return {
         variant: extracted(wheel_of(root, "flashinfer_jit_cache"), target / variant)[
             "fp4_gemm_cutlass_sm120"
@@ -856,10 +857,10 @@ def sm120_build(root: Path, cache: Path, *args: str) -> subprocess.CompletedProc
 
 
 @pytest.fixture(scope="module")
-def three_modules(small: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def three_modules(small: Path, module_tmp: Callable[[str], Path]) -> Path:
     """One machine's build of norm + cascade + fp4_quantization_120 (small's cache: norm
     and fp4_quantization_120 from the module cache, cascade compiled)."""
-    root = fresh_root(tmp_path_factory.mktemp("three"))
+    root = fresh_root(module_tmp("three"))
     result = sm120_build(root, small / ".cache", "build-wheels", *THREE)
     assert "2 of 3 module(s) built before" in result.stderr
     return root

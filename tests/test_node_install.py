@@ -103,6 +103,7 @@ def test_both_node_recipes_install_from_the_internal_index_alone(
     assert swapped.returncode == 0, swapped.stderr
     pip_check(existing)
     checked_node(existing, tmp_path / "a")
+    shutil.rmtree(existing)  # 2.3 GB; the fresh node beside it takes 6.7 GB (CUDA torch)
 
     # (b) A fresh node: the whole lock from the internal index alone.
     fresh = fresh_venv(tmp_path / "fresh")

@@ -9,6 +9,7 @@ environment with CPU torch and the wheels.
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,15 +27,15 @@ KERNELS = {
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = fresh_root(tmp_path_factory.mktemp("sglang-kernels"))
+def built(module_tmp: Callable[[str], Path]) -> Path:
+    root = fresh_root(module_tmp("sglang-kernels"))
     build_wheels(root, *(f"--module={recipe}" for recipe in KERNELS))
     return root
 
 
 @pytest.fixture(scope="module")
-def node(built: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    venv = make_node(built / "wheelhouse", tmp_path_factory.mktemp("sglang-node") / "venv")
+def node(built: Path, module_tmp: Callable[[str], Path]) -> Path:
+    venv = make_node(built / "wheelhouse", module_tmp("sglang-node") / "venv")
     (sglang,) = (built / "wheelhouse").glob("sglang-*.whl")
     subprocess.run(
         [str(venv / "bin/python"), "-m", "pip", "install", "--quiet", "--no-deps", str(sglang)],

@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
 
 
 @pytest.fixture(scope="module")
-def fp4_selection(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fp4_selection(root: Path, module_tmp: Callable[[str], Path]) -> Path:
     """The real FP4 selection code of the patched launcher, compiled with g++ on the host."""
     text = (
         root / "vendor/flashinfer/include/flashinfer/comm/trtllm_allreduce_fusion.cuh"
@@ -118,7 +118,7 @@ def fp4_selection(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     body_start = text.index("{", start) + 1
     body_end = text.index("threads_per_block = block_size;", body_start)
-    source = tmp_path_factory.mktemp("fp4") / "harness.cpp"
+    source = module_tmp("fp4") / "harness.cpp"
     source.write_text(FP4_HARNESS.replace("@SELECTION@", text[body_start:body_end]))
     binary = source.with_suffix("")
     subprocess.run(["g++", "-std=c++17", "-o", str(binary), str(source)], check=True)
