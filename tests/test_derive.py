@@ -121,6 +121,19 @@ def test_the_derived_profiles_are_what_sglang_asks_for() -> None:
     served = ["llama-3.1-8b-instruct", "qwen3-30b-a3b-fp8", "deepseek-v3-nvfp4", "glm-4.6-nvfp4"]
     assert [n for n in served if "trtllm_comm" in members[n]] == ["glm-4.6-nvfp4"]
     assert "trtllm_comm" in members["served"]
+    # Speculative decoding (NEXTN: GLM's and DeepSeek's MTP layer): the target's verify step
+    # plans a custom mask on the FA2 backend, which FlashInfer packs with `quantization`; the
+    # MLA backend plans its verify without one, so DeepSeek asks for nothing more.
+    assert members["glm-4.6-nvfp4-mtp"] == members["glm-4.6-nvfp4"] | {"quantization"}
+    assert members["deepseek-v3-nvfp4-mtp"] == members["deepseek-v3-nvfp4"]
+    # What compiles on the node outside these wheels: Qwen3-FP8's block-FP8 linears reach
+    # DeepGEMM (which has no SM12x kernels in the pinned sgl_kernel), its experts Triton's
+    # fused MoE; every configuration's KV index arrays are a Triton kernel.
+    text = (REPO / "profiles-derived.toml").read_text()
+    qwen = text.split('[profiles."qwen3-30b-a3b-fp8"]')[1].split("modules = [")[0]
+    assert "#   deep_gemm deep_gemm." in qwen
+    assert "fused_moe_triton_kernels.fused_moe_kernel" in qwen
+    assert text.count("create_flashinfer_kv_indices_triton (") == len(served) + 2
     kv = {
         profile: sorted(
             re.findall(
@@ -135,6 +148,26 @@ def test_the_derived_profiles_are_what_sglang_asks_for() -> None:
         "qwen3-30b-a3b-fp8": ["1024"],  # 4 x 128 x 2
         "glm-4.6-nvfp4": ["256"],  # 8 KV heads over TP 8: 1 x 128 x 2
     }
+
+
+def test_what_compiles_at_first_use_is_listed_in_its_profile(tmp_path: Path) -> None:
+    mha = PREFILL.format(qk=128, vo=128)
+    kernel = {
+        "name": "triton sglang.srt.x.kernel",
+        "defined_at": "sglang/srt/x.py:3",
+        "loaded_by": ["sglang/srt/y.py:4 f"],
+    }
+    text = render(
+        [served("one"), served("two")],
+        {"one": {**answer(mha), "first_use": [kernel]}, "two": answer(mha)},
+        "0.5.9",
+    )
+    one, two = text.split('[profiles."two"]')
+    assert "#   triton sglang.srt.x.kernel (sglang/srt/x.py:3), from sglang/srt/y.py:4 f\n" in one
+    assert "first use" not in two.split("[profiles.served]")[0]
+    (tmp_path / "profiles-derived.toml").write_text(text)
+    (tmp_path / "profiles.toml").write_text((REPO / "profiles.toml").read_text())
+    assert load(tmp_path / "profiles.toml").profiles["one"] == (recipe_name(mha),)
 
 
 def test_a_call_a_hand_written_recipe_makes_is_named_by_it() -> None:

@@ -5,6 +5,7 @@ these tests are what stands behind their references until then."""
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from sm120_build.node.serving.fp4 import (  # noqa: E402
     unpack,
 )
 from sm120_build.node.serving.gemm import dequantize_block_fp8  # noqa: E402
+from sm120_build.node.serving.mask import pack, segment_pack  # noqa: E402
 from sm120_build.node.serving.moe import reference_moe  # noqa: E402
 
 
@@ -231,6 +233,20 @@ def test_moe_reference_routes_through_swiglu_and_rounds_the_intermediate() -> No
     want = torch.zeros(1, hidden)
     want[0, 0] = 18.0
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("bitorder", ["big", "little"])
+def test_the_mask_packer_is_numpys_packbits(bitorder: str) -> None:
+    """FlashInfer documents packbits and segment_packbits as numpy.packbits per segment."""
+    numpy = pytest.importorskip("numpy")
+    bits = torch.rand(1003, generator=torch.Generator().manual_seed(3)) < 0.5
+    want = numpy.packbits(bits.numpy(), bitorder=bitorder)
+    assert pack(bits, bitorder).numpy().tolist() == want.tolist()
+    indptr = [0, 5, 5, 21, 1003]  # an empty segment, one of two bytes, one ragged
+    packed, packed_indptr = segment_pack(bits, indptr, bitorder)
+    parts = [numpy.packbits(bits[a:b].numpy(), bitorder=bitorder) for a, b in pairwise(indptr)]
+    assert packed.numpy().tolist() == numpy.concatenate(parts).tolist()
+    assert packed_indptr == [0, 1, 1, 3, 3 + (1003 - 21 + 7) // 8]
 
 
 def test_every_module_of_the_served_profile_has_a_check() -> None:

@@ -177,6 +177,11 @@ def replay(layout: Layout, python: Path, served: Served) -> dict[str, Any]:
     return answer
 
 
+# What the replay sees compile outside FlashInfer's and sglang's JIT, which no wheel of this
+# project carries (derive/replay.py FIRST_USE).
+FIRST_USE_COMPILERS = "Triton's JIT (triton) and DeepGEMM's, with nvcc or NVRTC (deep_gemm)"
+
+
 def recipe_name(call: str) -> str:
     """A derived recipe's name: the generator's, less gen_/_jit_/_module, and a digest of
     the whole call."""
@@ -231,11 +236,21 @@ def render(
     union: list[str] = []
     for item in served:
         resolved = answers[item.name]["resolved"]
+        first_use = answers[item.name].get("first_use", [])
         lines += [
             f"[profiles.{json.dumps(item.name)}]",
             f"description = {json.dumps(item.description)}",
             "# sglang resolved: "
             + ", ".join(f"{key}={value}" for key, value in sorted(resolved.items())),
+            *(
+                [f"# compiled on the node at first use, by {FIRST_USE_COMPILERS}:"]
+                if first_use
+                else []
+            ),
+            *(
+                f"#   {entry['name']} ({entry['defined_at']}), from {', '.join(entry['loaded_by'])}"
+                for entry in first_use
+            ),
             "modules = [",
             *(f"  {json.dumps(member)}," for member in members[item.name]),
             "]",
@@ -266,7 +281,8 @@ def derive_profiles(layout: Layout, pins: Pins, check: bool) -> int:
             f"{item.name}: {len(requested)} modules requested "
             f"({sum(r['call'].startswith('flashinfer') for r in requested)} FlashInfer, "
             f"{sum(r['call'].startswith('sglang') for r in requested)} sglang JIT), "
-            f"{len(item.also)} named by hand"
+            f"{len(item.also)} named by hand; "
+            f"{len(answers[item.name].get('first_use', []))} compiled at first use outside them"
         )
     hand_written = read_toml(layout.root / "profiles.toml").get("modules", {})
     hand = {str(table.get("call")): name for name, table in hand_written.items()}

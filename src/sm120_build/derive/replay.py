@@ -4,16 +4,18 @@ dependencies, with the patched sglang and FlashInfer trees first on sys.path:
 
     python replay.py '{"model": DIR, "server_args": {...}, "arch": [12, 0]}'
 
-It prints one JSON object: the server arguments sglang resolved, and every FlashInfer JIT
+It prints one JSON object: the server arguments sglang resolved, every FlashInfer JIT
 generator call and sglang JIT loader call the replay reached, with its arguments, where the
-generator is defined and where sglang asked for it.
+generator is defined and where sglang asked for it, and the Triton kernels and DeepGEMM
+functions it reached.
 
 What runs is sglang's own code: ServerArgs' resolution (__post_init__), ModelConfig, the
 quantization config of the model, the model's constructor (on the meta device: shapes
 only), ModelRunner's KV-cache dtype and memory-pool setup and its attention-backend choice,
-the backend's plan calls for decode and extend batches, the KV pool's store, the model's
-RoPE and QK-norm calls, and each kind of linear layer's quantization method. What stands in
-for what this machine lacks, and nothing else:
+the backend's plan calls for decode and extend batches (and, with speculative decoding, the
+verify step over a draft tree), the KV pool's store, the model's RoPE and QK-norm calls, each
+kind of linear layer's quantization method, the first MoE block and the fused allreduce.
+What stands in for what this machine lacks, and nothing else:
 
 - the GPU: torch and FlashInfer are told of a device of the requested compute capability
   with 96 GB (an RTX PRO 6000); tensors the code puts on it or pins live in host memory,
@@ -24,9 +26,11 @@ for what this machine lacks, and nothing else:
 - the KV-cache capacity: 256 tokens, since only shapes and dtypes choose kernels;
 - compilation and kernel launches: FlashInfer's generators (flashinfer...gen_*_module) and
   sglang's JIT loaders (sglang.jit_kernel..._jit_*_module) record their call instead of
-  compiling, and return modules whose functions do nothing; Triton launches do nothing. A
-  step that fails past a recorded request (a stand-in returned nothing, or the step needs a
-  real device) is reported on stderr and the replay goes on.
+  compiling, and return modules whose functions do nothing; Triton launches are recorded
+  and do nothing; DeepGEMM's calls are recorded, then run (both compile on the node at first
+  use, outside any wheel: FIRST_USE). A step that fails past a recorded request (a stand-in
+  returned nothing, or the step needs a real device) is reported on stderr and the replay
+  goes on.
 
 This file imports nothing of sm120_build: it runs in another Python.
 """
@@ -42,6 +46,10 @@ from types import SimpleNamespace
 from typing import Any
 
 REQUESTED: dict[str, dict[str, Any]] = {}
+# What compiles on the node at first use outside FlashInfer's and sglang's JIT, which no
+# wheel of ours can carry: Triton kernels (Triton's own JIT and ptxas) and DeepGEMM's ops
+# (DeepGEMM's JIT, with nvcc or NVRTC).
+FIRST_USE: dict[str, dict[str, Any]] = {}
 _REAL: dict[str, Any] = {}  # originals replaced, kept to find their other references
 
 
@@ -96,8 +104,11 @@ def _virtual_gpu(arch: tuple[int, int]) -> None:
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
 
     # Custom ops registered for the GPU (sglang's jit_kernel wrappers) run on host tensors too:
-    # their implementation asks for the JIT module first, which is what is recorded.
-    register = torch.library.Library.impl
+    # their implementation asks for the JIT module first, which is what is recorded. On the
+    # meta device they run their implementation too, not their shape function, so that the
+    # kernels behind them (the Triton fused MoE) are seen.
+    register, register_fake = torch.library.Library.impl, torch.library.Library._register_fake
+    implementations: dict[str, Any] = {}
 
     def impl(
         self: Any, op_name: Any, fn: Any, dispatch_key: str = "", *args: Any, **kwargs: Any
@@ -105,15 +116,38 @@ def _virtual_gpu(arch: tuple[int, int]) -> None:
         result = register(self, op_name, fn, dispatch_key, *args, **kwargs)
         if dispatch_key == "CUDA" and self.ns == "sglang":
             register(self, op_name, fn, "CPU", *args, **kwargs)
+            implementations[op_name] = fn
         return result
 
+    def fake(self: Any, op_name: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.ns == "sglang":
+            fn = implementations.get(op_name, fn)
+        return register_fake(self, op_name, fn, *args, **kwargs)
+
     torch.library.Library.impl = impl
+    torch.library.Library._register_fake = fake
+
+
+# sgl_kernel ops that write into tensors their caller allocated and return nothing, with no
+# meta kernel: on the meta device they do nothing, which is all a meta kernel of theirs
+# could do (the MoE's routing, its token sort and its activation).
+_OUTPUT_ONLY_OPS = ("topk_softmax", "moe_align_block_size", "silu_and_mul")
+_LIBRARIES: list[Any] = []  # an op's registration lives as long as its Library object
+
+
+def _meta_kernels_for_output_only_ops() -> None:
+    import torch
+
+    library = torch.library.Library("sgl_kernel", "IMPL")
+    for op in _OUTPUT_ONLY_OPS:
+        library.impl(op, lambda *args, **kwargs: None, "Meta")
+    _LIBRARIES.append(library)
 
 
 def _where(path: str, line: int) -> str:
     """A source location relative to the sglang or FlashInfer package root."""
     path = path.replace("\\", "/")
-    for root in ("/sglang/", "/flashinfer/"):
+    for root in ("/sglang/", "/flashinfer/", "/deep_gemm/"):
         if root in path:
             return f"{root.strip('/')}/{path.rsplit(root, 1)[1]}:{line}"
     return f"{path}:{line}"
@@ -135,6 +169,13 @@ def _callers() -> list[str]:
         or ("/sglang/jit_kernel/" in f.filename and not f.filename.endswith("/utils.py"))
     ]
     return [_site(frames[0]) for frames in (serving, library) if frames]
+
+
+def _first_use(name: str, defined_at: str) -> None:
+    entry = FIRST_USE.setdefault(name, {"name": name, "defined_at": defined_at, "loaded_by": []})
+    for site in _callers()[:1]:  # sglang's frame; the library's frames are Triton's or DeepGEMM's
+        if site not in entry["loaded_by"]:
+            entry["loaded_by"].append(site)
 
 
 def _argument(value: Any) -> str:
@@ -228,6 +269,21 @@ def _intercept_compilation(arch: tuple[int, int]) -> None:
     )
 
 
+def _recording_first_use(name: str, function: Any, module: Any) -> Any:
+    if inspect.isfunction(function):
+        source = inspect.getsourcefile(function) or "?"
+        defined_at = _where(source, function.__code__.co_firstlineno)
+    else:  # an op of its extension, bound in this module
+        defined_at = _where(module.__file__ or "?", 1)
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        _first_use(name, defined_at)
+        return function(*args, **kwargs)
+
+    return call
+
+
 class _Group:
     """Rank 0 of a process group of `size` ranks, as the code asks about it."""
 
@@ -263,17 +319,36 @@ def main() -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     _intercept_compilation(arch)
+    _meta_kernels_for_output_only_ops()
 
-    class NoLaunch:
-        def __getitem__(self, grid: Any) -> Any:
-            return lambda *args, **kwargs: None
+    # sglang's Triton kernels (the KV index arrays, the KV pool's copy warm-up, MoE): they
+    # compute values, which choose no module, and Triton's launcher needs a driver.
+    # `kernel[grid](...)` is recorded and does nothing, autotuned kernels included (both are
+    # KernelInterfaces, wrapping the Python function as .fn).
+    import triton.runtime.jit
 
-    # The Triton kernel that fills the KV index arrays: values, which choose no module.
-    for module in list(sys.modules.values()):
-        if getattr(module, "__name__", "").startswith("sglang.srt.layers.attention") and hasattr(
-            module, "create_flashinfer_kv_indices_triton"
-        ):
-            vars(module)["create_flashinfer_kv_indices_triton"] = NoLaunch()
+    def launch(kernel: Any, grid: Any) -> Any:
+        function = kernel
+        while hasattr(function, "fn"):
+            function = function.fn
+        source = inspect.getsourcefile(function) or "?"
+        _first_use(
+            f"triton {function.__module__}.{function.__name__}",
+            _where(source, inspect.getsourcelines(function)[1]),
+        )
+        return lambda *args, **kwargs: None
+
+    triton.runtime.jit.KernelInterface.__getitem__ = launch
+    # DeepGEMM's functions, in each of its modules: recorded, then run (without a device they
+    # fail, as a step that needs one does).
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] == "deep_gemm" and module is not None:
+            for attribute, value in list(vars(module).items()):
+                owner = getattr(value, "__module__", None) or ""
+                # Python functions, and the C++ ops it registers (torch._ops.deep_gemm)
+                if callable(value) and "deep_gemm" in owner.split("."):
+                    where = f"deep_gemm {name}.{attribute}"
+                    vars(module)[attribute] = _recording_first_use(where, value, module)
 
     tp = int(request["server_args"].get("tp_size", 1))
     for group in ("_TP", "_ATTN_TP", "_MOE_TP"):
@@ -355,6 +430,8 @@ def main() -> None:
         forward = batch(mode, prefix)
         backend.init_forward_metadata(forward)
         _attend(runner, backend, attention, forward, torch)
+    if not runner.spec_algorithm.is_none():
+        _verify_drafts(runner, backend, attention, batch(ForwardMode.DECODE, 16), torch)
 
     _exercise_layers(runner, model, attention, torch)
     _route_and_run_experts(runner, model, torch)
@@ -374,7 +451,15 @@ def main() -> None:
     resolved["kv_cache_torch_dtype"] = str(runner.kv_cache_dtype)
     resolved["model_quantization"] = str(model_config.quantization)
     resolved["attention_backend_class"] = type(backend).__name__
-    print(json.dumps({"resolved": resolved, "requested": list(REQUESTED.values())}))
+    print(
+        json.dumps(
+            {
+                "resolved": resolved,
+                "requested": list(REQUESTED.values()),
+                "first_use": list(FIRST_USE.values()),
+            }
+        )
+    )
 
 
 def _attend(runner: Any, backend: Any, layer: Any, forward: Any, torch: Any) -> None:
@@ -390,6 +475,62 @@ def _attend(runner: Any, backend: Any, layer: Any, forward: Any, torch: Any) -> 
         backend.forward(q, k, v, layer, forward, save_kv_cache=False)
     except Exception as exc:  # past its requests, a stand-in kernel returned nothing
         print(f"attention {forward.forward_mode.name}: {exc!r}", file=sys.stderr)
+
+
+def _verify_drafts(runner: Any, backend: Any, layer: Any, decoded: Any, torch: Any) -> None:
+    """Speculative decoding's verify step (EAGLE; NEXTN and MTP resolve to it): the target
+    model attends over each request's draft tokens under the draft tree's mask. The tree is
+    built by sglang's own build_tree_kernel_efficient (eagle_utils.py:47) with its sgl_kernel
+    op stood in (it fills the mask's values; sglang's code makes the mask tensor), wrapped in
+    an EagleVerifyInput as eagle_worker.py:598 does, then planned by the target's backend
+    (TARGET_VERIFY, flashinfer_backend.py:453) and run. `decoded` is a batch between steps:
+    its seq_lens hold no draft token."""
+    import sglang.srt.speculative.eagle_utils as eagle_utils
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    args = runner.server_args
+    steps, topk, drafts = (
+        args.speculative_num_steps,
+        args.speculative_eagle_topk,
+        args.speculative_num_draft_tokens,
+    )
+    size = decoded.batch_size
+    vars(eagle_utils)["sgl_build_tree_kernel_efficient"] = lambda *args: None
+    tree_mask, positions, index, next_token, next_sibling, tokens = (
+        eagle_utils.build_tree_kernel_efficient(
+            torch.zeros(size, dtype=torch.int64),  # verified_id
+            torch.zeros(size, topk * (steps - 1) + 1, dtype=torch.int64),  # parent_list
+            torch.zeros(size, drafts - 1, dtype=torch.int64),  # top_scores_index
+            torch.zeros(size, drafts - 1, dtype=torch.int64),  # draft tokens
+            decoded.seq_lens,
+            decoded.seq_lens_sum,
+            topk,
+            steps,
+            drafts,
+        )
+    )
+    decoded.spec_info = EagleVerifyInput(
+        draft_token=tokens,
+        custom_mask=tree_mask,
+        positions=positions,
+        retrive_index=index,
+        retrive_next_token=next_token,
+        retrive_next_sibling=next_sibling,
+        retrive_cum_len=None,
+        spec_steps=steps,
+        topk=topk,
+        draft_token_num=drafts,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+        seq_lens_sum=decoded.seq_lens_sum,
+        seq_lens_cpu=decoded.seq_lens_cpu,
+    )
+    decoded.forward_mode = ForwardMode.TARGET_VERIFY
+    decoded.input_ids, decoded.positions = tokens, positions
+    decoded.out_cache_loc = torch.zeros(size * drafts, dtype=torch.int64)
+    decoded.extend_num_tokens = size * drafts
+    backend.init_forward_metadata(decoded)
+    _attend(runner, backend, layer, decoded, torch)
 
 
 def _exercise_layers(runner: Any, model: Any, attention: Any, torch: Any) -> None:

@@ -84,7 +84,7 @@ def check_for(recipe: str, families: dict[str, Check]) -> Check | None:
 def checks() -> dict[str, Check]:
     """recipe -> its check (sglang's kernels go by their module names, serving/sglang.py).
     Imported lazily: each family imports torch and FlashInfer."""
-    from . import attention, elementwise, fp4, gemm, moe
+    from . import attention, elementwise, fp4, gemm, mask, moe
 
     return {
         "attention": attention.check,
@@ -97,6 +97,7 @@ def checks() -> dict[str, Check]:
         "attention_mla_ragged": attention.check,
         "attention_sink": attention.check,
         "cascade": elementwise.cascade,
+        "quantization": mask.check,
         "norm": elementwise.norm,
         "rope": elementwise.rope,
         "dsv3_fused_routing": elementwise.dsv3_routing,
