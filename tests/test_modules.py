@@ -165,9 +165,9 @@ def test_profiles_select_default_profile_modules_and_both() -> None:
     assert not {"gemm_sm120", "rope", "attention_sink"} & set(full)  # unreached on SM12x
     with pytest.raises(
         UserError,
-        match=r"no profile 'nope'.*known: comm, deepseek-v3-nvfp4, glm-4.6-nvfp4, "
-        r"llama-3.1-8b-instruct, qwen3-30b-a3b-fp8, served, sglang-jit, sglang-sm120, "
-        r"verify-sm90, verify-sm90-d64",
+        match=r"no profile 'nope'.*known: comm, deepseek-v3-nvfp4, deepseek-v3-nvfp4-mtp, "
+        r"glm-4.6-nvfp4, glm-4.6-nvfp4-mtp, llama-3.1-8b-instruct, qwen3-30b-a3b-fp8, served, "
+        r"sglang-jit, sglang-sm120, verify-sm90, verify-sm90-d64",
     ):
         profiles.select("nope", [])
     with pytest.raises(UserError, match=r"no module recipe 'nrom'"):
