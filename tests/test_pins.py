@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sm120_build.errors import UserError
-from sm120_build.pins import load
+from sm120_build.pins import Companion, Pins, Upstream, load
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL = (ROOT / "pins.toml").read_text()
@@ -72,3 +72,92 @@ def test_an_upstream_that_is_not_a_table_is_refused(tmp_path: Path) -> None:
 def test_an_unknown_upstream_names_the_known_ones() -> None:
     with pytest.raises(UserError, match=r"no upstream named 'vllm'.*flashinfer"):
         load(ROOT / "pins.toml").upstream("vllm")
+
+
+UPSTREAM_A = f"""[upstream.a]
+project = "a"
+version = "1"
+sdist = "a-1.tar.gz"
+sha256 = "{GOOD_SHA}"
+git_url = ""
+git_tag = ""
+git_commit = ""
+"""
+TOOLKIT = '[toolkit]\nrequirement = "cuda-toolkit==13.0.88"\n'
+COMPANION = f'[companions.c]\nversion = "1.0"\nsha256 = ["{CUBIN_SHA}"]\n'
+BUILD = '[build]\nrequirements = ["b==1"]\n'
+RENDER = '[render]\nrequirements = ["r==2"]\n'
+
+
+def test_a_small_pins_file_loads_whole(tmp_path: Path) -> None:
+    pins = load(_write(tmp_path, "\n".join([UPSTREAM_A, TOOLKIT, COMPANION, BUILD, RENDER])))
+    assert pins == Pins(
+        upstreams={"a": Upstream("a", "a", "1", "a-1.tar.gz", GOOD_SHA, "", "", "")},
+        toolkit_requirement="cuda-toolkit==13.0.88",
+        companions={"c": Companion("c", "1.0", (CUBIN_SHA,))},
+        build_requirements=["b==1", "r==2"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        (["upstream = 3", TOOLKIT], "[upstream] must be a table"),
+        (["toolkit = 3", UPSTREAM_A], "[toolkit] must be a table"),
+        (["companions = 3", UPSTREAM_A, TOOLKIT], "[companions] must be a table"),
+        (["build = 3", UPSTREAM_A, TOOLKIT], "[build] must be a table"),
+        (["render = 3", UPSTREAM_A, TOOLKIT], "[render] must be a table"),
+        (
+            [UPSTREAM_A, TOOLKIT, '[companions.c]\nversion = "1.0"\nsha256 = 3'],
+            "[companions.c] sha256 must be a list of strings",
+        ),
+        (
+            [UPSTREAM_A, TOOLKIT, '[companions.c]\nversion = "1.0"'],
+            "[companions.c] sha256 must list the sha256 of each of its wheels "
+            "(64 lowercase hex digits each)",
+        ),
+        (
+            [UPSTREAM_A, TOOLKIT, "[build]\nrequirements = 3"],
+            "[build] requirements must be a list of strings",
+        ),
+        (
+            [UPSTREAM_A, TOOLKIT, "[render]\nrequirements = [3]"],
+            "[render] requirements must be a list of strings",
+        ),
+        (
+            [
+                UPSTREAM_A.replace('version = "1"\n', "").replace('sdist = "a-1.tar.gz"\n', ""),
+                TOOLKIT,
+            ],
+            "[upstream.a] lacks version, sdist",
+        ),
+        (
+            [
+                UPSTREAM_A.replace('version = "1"', "version = 1").replace(
+                    'sdist = "a-1.tar.gz"', "sdist = 2"
+                ),
+                TOOLKIT,
+            ],
+            "[upstream.a] version, sdist must be strings",
+        ),
+    ],
+)
+def test_each_refusal_names_the_file_and_the_table(
+    tmp_path: Path, sections: list[str], message: str
+) -> None:
+    path = _write(tmp_path, "\n".join(sections) + "\n")
+    with pytest.raises(UserError) as caught:
+        load(path)
+    assert str(caught.value) == f"{path}: {message}"
+
+
+def test_unreadable_pins_and_unknown_upstreams_are_named(tmp_path: Path) -> None:
+    with pytest.raises(UserError) as caught:
+        load(tmp_path / "nowhere.toml")
+    assert (
+        str(caught.value) == f"cannot read {tmp_path / 'nowhere.toml'}: No such file or directory"
+    )
+    pins = load(ROOT / "pins.toml")
+    with pytest.raises(UserError) as caught:
+        pins.upstream("vllm")
+    assert str(caught.value) == "no upstream named 'vllm' in pins.toml (known: flashinfer, sglang)"

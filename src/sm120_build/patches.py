@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 from .errors import UserError
@@ -45,7 +46,7 @@ def parse_dep3(header: str) -> dict[str, str]:
     current: str | None = None
     for line in header.splitlines():
         match = _FIELD.match(line)
-        if match and not line[0].isspace():
+        if match:  # a field name starts at the line's first character
             current = match.group(1)
             fields[current] = match.group(2)
         elif current is not None and line[:1] in (" ", "\t"):
@@ -95,7 +96,7 @@ def series_names(series_dir: Path) -> list[str]:
         raise UserError(f"{series} does not exist; create it, one patch file name per line")
     names = []
     for number, raw in enumerate(series.read_text().splitlines(), start=1):
-        line = raw.split("#", 1)[0].strip()
+        line = raw.partition("#")[0].strip()
         if not line:
             continue
         name, *options = line.split()
@@ -151,7 +152,7 @@ def hunks_of(diff: str) -> list[Hunk]:
     """Every hunk of a unified diff, in order, each with its file's header."""
     hunks: list[Hunk] = []
     sections = [m.start() for m in re.finditer(r"^diff --git ", diff, re.MULTILINE)] or [0]
-    for start, end in zip(sections, [*sections[1:], len(diff)], strict=True):
+    for start, end in pairwise([*sections, len(diff)]):
         section = diff[start:end]
         first_hunk = section.find("\n@@ ")
         if first_hunk < 0:
@@ -163,6 +164,6 @@ def hunks_of(diff: str) -> list[Hunk]:
         name = name or (source.group(1) if source else "?")
         body = section[first_hunk + 1 :]
         starts = [m.start() for m in re.finditer(r"^@@ ", body, re.MULTILINE)]
-        for hunk_start, hunk_end in zip(starts, [*starts[1:], len(body)], strict=True):
+        for hunk_start, hunk_end in pairwise([*starts, len(body)]):
             hunks.append(Hunk(name, file_header, body[hunk_start:hunk_end]))
     return hunks

@@ -13,7 +13,7 @@ from ..pins import Upstream
 
 def _check_member(member: tarfile.TarInfo, tarball: Path) -> None:
     name = PurePosixPath(member.name)
-    if not name.parts or name.parts == (".",):
+    if not name.parts:  # "" or "." (pathlib drops "." parts)
         raise UserError(f"{tarball.name}: refusing member {member.name!r}: it names no path")
     if name.is_absolute() or ".." in name.parts:
         raise UserError(f"{tarball.name}: refusing unsafe path {member.name!r}")
@@ -33,9 +33,11 @@ def _check_member(member: tarfile.TarInfo, tarball: Path) -> None:
 
 
 def _escapes(path: PurePosixPath) -> bool:
+    """Whether a relative path climbs above where it starts (pathlib has dropped its "."
+    parts)."""
     depth = 0
     for part in path.parts:
-        depth += -1 if part == ".." else (0 if part == "." else 1)
+        depth += -1 if part == ".." else 1
         if depth < 0:
             return True
     return False

@@ -1,0 +1,216 @@
+"""What vendor/ tells the user, whole: each refusal of a rebuild or of `--continue`, the
+conflict report, the commit a patch becomes, and the state file, on generated sdists and
+patches with real git."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sm120_build.errors import UserError
+from sm120_build.gitrepo import commit_message, git, head
+from sm120_build.patches import Patch
+from sm120_build.vendor import continue_series, read_state, vendor_upstream
+from sm120_build.vendor.series import _failed_hunk
+from sm120_build.vendor.state import STATE_FILE, series_label
+
+from .conftest import make_patch, write_series
+from .test_vendor import (  # noqa: F401 (fixtures)
+    LINES,
+    commit_refresh,
+    stop_at_second,
+    three_patches,
+    two_patches,
+)
+
+
+def refusal(call: Any, *args: Any) -> str:
+    with pytest.raises(UserError) as caught:
+        call(*args)
+    return str(caught.value)
+
+
+def test_continue_refuses_what_did_not_stop(three_patches: Any) -> None:  # noqa: F811
+    upstream, sdist, series, tree = three_patches
+    nothing = "vendor/demo did not stop part-way through its series; nothing to continue"
+    assert refusal(continue_series, upstream, series, tree) == nothing  # never vendored
+    vendor_upstream(upstream, sdist, series, tree)
+    assert refusal(continue_series, upstream, series, tree) == nothing  # complete
+
+
+def test_continue_refuses_a_changed_series_untracked_files_and_no_refresh(
+    three_patches: Any,  # noqa: F811
+) -> None:
+    upstream, sdist, series, tree = three_patches
+    stop_at_second(upstream, sdist, series, tree)
+    assert refusal(continue_series, upstream, series, tree) == (
+        "vendor/demo has no commit after the stop: make the change of 0002-second.patch in "
+        "the tree and commit it, with the patch's header as the message, first"
+    )
+    (tree / "new.txt").write_text("x")
+    assert refusal(continue_series, upstream, series, tree) == (
+        "vendor/demo has uncommitted or untracked files (new.txt, ...); commit the refresh "
+        "of 0002-second.patch first"
+    )
+    (tree / "new.txt").unlink()
+    (series / "0003-third.patch").write_text((series / "0003-third.patch").read_text() + "\n")
+    assert refusal(continue_series, upstream, series, tree) == (
+        "patches/demo changed since vendor/demo stopped at 0002-second.patch; `--continue` "
+        "would mix two series. Run `nox -s vendor` to start again."
+    )
+
+
+def test_continue_records_a_complete_but_not_exported_series(
+    three_patches: Any,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    upstream, sdist, series, tree = three_patches
+    stop_at_second(upstream, sdist, series, tree)
+    commit_refresh(tree, "second", "line 10", "LINE 10")
+    continue_series(upstream, series, tree)
+    state = read_state(tree)
+    assert state is not None
+    assert (state.complete, state.exact, state.stopped_at, state.remaining) == (
+        True,
+        False,
+        None,
+        (),
+    )
+    assert state.head == head(tree)
+    err = capsys.readouterr().err
+    assert "sm120-build: vendor/demo: applied 0003-third.patch\n" in err
+    assert err.endswith(
+        "sm120-build: vendor/demo: series complete; run `nox -s export_patches` to write it "
+        "to patches/\n"
+    )
+    # A rebuild now would lose the refresh: it is refused until exported.
+    assert refusal(vendor_upstream, upstream, sdist, series, tree) == (
+        "vendor/demo holds refreshed patches that are not in patches/ yet. Run "
+        "`nox -s export_patches` to keep them, or `rm -rf vendor/demo` to discard them."
+    )
+
+
+def test_a_stopped_tree_with_a_new_commit_is_not_rebuilt(three_patches: Any) -> None:  # noqa: F811
+    upstream, sdist, series, tree = three_patches
+    stop_at_second(upstream, sdist, series, tree)
+    commit_refresh(tree, "second", "line 10", "LINE 10")
+    assert refusal(vendor_upstream, upstream, sdist, series, tree) == (
+        "vendor/demo has commits after its series stopped at 0002-second.patch. Run "
+        "`nox -s vendor -- --continue demo` to apply the rest of the series on top, or "
+        "`rm -rf vendor/demo` to discard them."
+    )
+
+
+def test_the_conflict_report_names_the_hunk_and_what_to_do(three_patches: Any) -> None:  # noqa: F811
+    upstream, sdist, series, tree = three_patches
+    drifted = [*LINES[:11], "context upstream changed", *LINES[12:]]
+    make_patch(series / "0002-second.patch", "src/code.txt", drifted, 9, "LINE 10", "second")
+    message = refusal(vendor_upstream, upstream, sdist, series, tree)
+    first, rest = message.split("\n", 1)
+    assert first == (
+        f"{series / '0002-second.patch'} does not apply to vendor/demo: src/code.txt, hunk "
+        "@@ -7,7 +7,7 @@"
+    )
+    assert rest.startswith("git apply said:\nerror: patch failed: src/code.txt:7\n")
+    assert rest.endswith(
+        "\nvendor/demo is left at the last patch that applied. To refresh this patch, make its "
+        "change in vendor/demo and commit it with the patch's header as the message, then run "
+        "`nox -s vendor -- --continue demo` to apply the rest of the series, and "
+        "`nox -s export_patches`. `nox -s bump` reports every patch at once."
+    )
+
+
+def test_an_applied_patch_is_named(demo: Any) -> None:
+    upstream, sdist, series = demo(["alpha", "BETA", "gamma"])
+    patch = make_patch(
+        series / "0001-beta.patch", "src/code.txt", ["alpha", "beta", "gamma"], 1, "BETA", "b"
+    )
+    write_series(series, patch)
+    tree = series.parent.parent / "vendor" / "demo"
+    assert refusal(vendor_upstream, upstream, sdist, series, tree) == (
+        f"{patch} is already applied in vendor/demo: it applies in reverse, so the upstream "
+        "source already has this change. Remove it from the series."
+    )
+
+
+def test_each_patch_commit_is_its_header_verbatim(demo: Any) -> None:
+    upstream, sdist, series = demo(LINES)
+    patch = make_patch(series / "0001-a.patch", "src/code.txt", LINES, 1, "LINE 2", "a")
+    header = "Description: a\n# kept: not a comment here\nAuthor: me  \nForwarded: no  \n"
+    text = patch.read_text()
+    patch.write_text(header + "\n" + text[text.index("diff --git") :])
+    write_series(series, patch)
+    tree = series.parent.parent / "vendor" / "demo"
+    vendor_upstream(upstream, sdist, series, tree)
+    assert commit_message(tree, "HEAD") == header
+
+
+@pytest.mark.parametrize(
+    ("stderr", "named"),
+    [
+        ("error: src/gone.txt: No such file or directory\n", "src/gone.txt: file not found"),
+        ("error: src/gone.txt: does not exist in index\n", "src/gone.txt: file not found"),
+        ("fatal: corrupt patch at line 9\n", "unknown hunk"),
+        ("error: patch failed: b.txt:5\n", "b.txt, hunk @@ -5,2 +5,2 @@"),
+        ("error: patch failed: b.txt:9\n", "b.txt, hunk at line 9"),
+    ],
+)
+def test_the_failed_hunk_is_found_in_its_own_file(stderr: str, named: str) -> None:
+    diff = (
+        "diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -5,2 +5,2 @@ a\n-x\n+y\n"
+        "diff --git a/b.txt b/b.txt\n--- a/b.txt\n+++ b/b.txt\n@@ -5,2 +5,2 @@\n-x\n+y\n"
+    )
+    assert _failed_hunk(Patch(Path("p.patch"), "", diff), stderr) == named
+
+
+def test_rebuild_refusals_of_foreign_and_edited_trees(two_patches: Any) -> None:  # noqa: F811
+    upstream, sdist, series, tree = two_patches
+    tree.mkdir(parents=True)
+    git(tree, "init", "--quiet")
+    (tree / "a").write_text("a")
+    git(tree, "add", "a")
+    git(tree, "commit", "--quiet", "-m", "mine")
+    assert refusal(vendor_upstream, upstream, sdist, series, tree) == (
+        "vendor/demo exists but was not made by this tool; move it away and run `nox -s vendor`"
+    )
+    shutil.rmtree(tree)  # ours this time, then littered with twelve files
+    vendor_upstream(upstream, sdist, series, tree)
+    for n in range(12):
+        (tree / f"f{n:02d}").write_text("x")
+    shown = "\n  ".join(f"f{n:02d}" for n in range(10))
+    assert refusal(vendor_upstream, upstream, sdist, series, tree) == (
+        f"vendor/demo has files that are edited, untracked or ignored by git:\n  {shown}\n  ...\n"
+        "A rebuild would delete them. Commit edits (the message is the patch's DEP-3 header) "
+        "and run `nox -s export_patches`; move other files away; or discard everything with "
+        "`git -C vendor/demo reset --hard && git -C vendor/demo clean -fdx`."
+    )
+
+
+def test_the_state_file_and_the_series_label(two_patches: Any) -> None:  # noqa: F811
+    upstream, sdist, series, tree = two_patches
+    assert refusal(series_label, tree) == "vendor/demo is not complete; run `nox -s vendor`"
+    vendor_upstream(upstream, sdist, series, tree)
+    path = tree / ".git" / STATE_FILE
+    text = path.read_text()
+    state = json.loads(text)
+    assert text == json.dumps(state, indent=2) + "\n"
+    assert re.fullmatch(r"p[0-9a-f]{8}", series_label(tree))
+    assert series_label(tree) == "p" + state["inputs"][:8]
+    assert [p.name for p in path.parent.glob("*.partial")] == []
+    # A state file from before `remaining` was recorded still reads.
+    del state["remaining"]
+    path.write_text(json.dumps(state))
+    read = read_state(tree)
+    assert read is not None and read.remaining == ()
+    path.write_text("[]")
+    message = refusal(read_state, tree)
+    assert message.startswith(f"{path} is damaged (TypeError: ")
+    assert message.endswith(
+        "so it is unknown which commits of vendor/demo are patches. Keep what you need "
+        "(`git -C vendor/demo log`), then remove vendor/demo and run `nox -s vendor`."
+    )
