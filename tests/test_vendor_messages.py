@@ -214,3 +214,75 @@ def test_the_state_file_and_the_series_label(two_patches: Any) -> None:  # noqa:
         "so it is unknown which commits of vendor/demo are patches. Keep what you need "
         "(`git -C vendor/demo log`), then remove vendor/demo and run `nox -s vendor`."
     )
+
+
+def test_progress_says_whether_a_tree_is_current_stale_or_half_made(
+    two_patches: Any,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    upstream, sdist, series, tree = two_patches
+    vendor_upstream(upstream, sdist, series, tree)
+    capsys.readouterr()
+    assert not vendor_upstream(upstream, sdist, series, tree)
+    assert capsys.readouterr().err == "sm120-build: vendor/demo is current (demo 1.0, 2 patches)\n"
+    write_series(series, series / "0001-first.patch")
+    assert vendor_upstream(upstream, sdist, series, tree)
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "sm120-build: vendor/demo is stale; rebuilding it from the cached sdist\n"
+    )
+    shutil.rmtree(tree / ".git")
+    git(tree, "init", "--quiet")
+    assert vendor_upstream(upstream, sdist, series, tree)
+    assert capsys.readouterr().err.startswith(
+        "sm120-build: vendor/demo was left half-made by an interrupted run; making it again\n"
+    )
+
+
+def test_ten_littered_files_are_all_shown(two_patches: Any) -> None:  # noqa: F811
+    upstream, sdist, series, tree = two_patches
+    vendor_upstream(upstream, sdist, series, tree)
+    for n in range(10):
+        (tree / f"f{n}").write_text("x")
+    message = refusal(vendor_upstream, upstream, sdist, series, tree)
+    assert "  f9\nA rebuild would delete them." in message
+
+
+def test_an_empty_series_and_a_deep_new_vendor_directory(demo: Any, tmp_path: Path) -> None:
+    upstream, sdist, series = demo(LINES)
+    tree = tmp_path / "a" / "b" / "vendor" / "demo"
+    assert vendor_upstream(upstream, sdist, series, tree)
+    state = read_state(tree)
+    assert state is not None
+    assert (state.complete, state.exact, state.head, state.stopped_at) == (
+        True,
+        True,
+        head(tree),
+        None,
+    )
+    assert state.base == state.head
+
+
+def test_continue_after_the_last_patch_stopped(three_patches: Any) -> None:  # noqa: F811
+    upstream, sdist, series, tree = three_patches
+    drifted = [*LINES[:19], "context upstream changed"]
+    make_patch(series / "0003-third.patch", "src/code.txt", drifted, 17, "LINE 18", "third")
+    with pytest.raises(UserError, match=r"0003-third\.patch does not apply"):
+        vendor_upstream(upstream, sdist, series, tree)
+    commit_refresh(tree, "third", "line 18", "LINE 18")
+    continue_series(upstream, series, tree)
+    state = read_state(tree)
+    assert state is not None and state.complete and state.head == head(tree)
+
+
+def test_continue_refuses_a_run_interrupted_before_its_first_patch(
+    two_patches: Any,  # noqa: F811
+) -> None:
+    upstream, sdist, series, tree = two_patches
+    vendor_upstream(upstream, sdist, series, tree)
+    path = tree / ".git" / STATE_FILE
+    state = json.loads(path.read_text())
+    path.write_text(json.dumps({**state, "complete": False, "stopped_at": None}))
+    assert refusal(continue_series, upstream, series, tree) == (
+        "vendor/demo did not stop part-way through its series; nothing to continue"
+    )
