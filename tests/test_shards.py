@@ -17,6 +17,7 @@ from sm120_build.jit_cache.shards import (
     load_costs,
     merge_wheels,
     plan,
+    plan_table,
     read_shards,
     update_costs,
     write_shard,
@@ -144,3 +145,103 @@ def test_merge_refuses_parts_whose_package_files_differ(tmp_path: Path) -> None:
     second = fake_wheel(tmp_path / "2.whl", ["b"], package="print('other')\n")
     with pytest.raises(UserError, match="differ from the first shard"):
         merge_wheels([first, second], tmp_path / "merged.whl")
+
+
+def test_shard_spec_bounds() -> None:
+    assert ShardSpec.parse("1/1") == ShardSpec(1, 1)
+    assert ShardSpec.parse(" 3/3 ") == ShardSpec(3, 3)
+    with pytest.raises(UserError) as caught:
+        ShardSpec.parse("0/3")
+    assert str(caught.value) == "--shard 0/3: expected I/N with 1 <= I <= N, e.g. 2/4"
+
+
+def test_the_plan_table_sums_each_shard() -> None:
+    modules = [module("moe", 89), module("gemm", 20), module("attn", 5, recipe="attention")]
+    costs = Costs({"moe": 5500.4, "gemm": 950.0}, {"attention": 14.0})
+    table = plan_table(modules, costs, [["moe"], ["gemm", "attn"]])
+    assert table == (
+        "shard modules  units   est. s  largest module\n"
+        "    1       1     89     5500  moe (5500 s)\n"
+        "    2       2     25     1020  gemm (950 s)"
+    )
+
+
+def test_plan_adds_each_module_to_its_shards_load() -> None:
+    """a (10) and b (6) open the two shards, c (5) joins b (6 < 10), d (2) joins a (10 < 11):
+    only adding up each shard's load tells where d goes."""
+    modules = [module("a", 1), module("b", 1), module("c", 1), module("d", 1)]
+    costs = Costs({"a": 10.0, "b": 6.0, "c": 5.0, "d": 2.0}, {})
+    assert plan(modules, costs, 2) == [["a", "d"], ["b", "c"]]
+    assert plan(modules[:2], costs, 2) == [["a"], ["b"]]  # as many shards as modules
+
+
+def test_a_cost_table_without_sections_is_empty_and_its_about_line_is_written(
+    tmp_path: Path,
+) -> None:
+    table = tmp_path / "deep" / "ci" / "module-costs.json"
+    table.parent.mkdir(parents=True)
+    table.write_text("{}")
+    assert load_costs(table) == Costs({}, {})
+    table.unlink()
+    update_costs(table, "here", modules={"a": 1.0})
+    text = table.read_text()
+    data = json.loads(text)
+    assert text == json.dumps(data, indent=2, sort_keys=True) + "\n"
+    assert data["about"] == (
+        "Compiler seconds of one core: per module (sum over its translation units) where a "
+        "build measured it, per translation unit by recipe where `nox -s bench -- --sample` "
+        "did. The shard plan balances on these; `nox -s bench` refreshes them."
+    )
+    other = tmp_path / "new" / "nested" / "module-costs.json"
+    update_costs(other, "there", per_unit={"x": 2.0})
+    assert load_costs(other) == Costs({}, {"x": 2.0})
+
+
+def test_a_written_shard_is_one_directory_with_its_record(tmp_path: Path) -> None:
+    shards_dir = write_set(tmp_path, [["a"], ["b"]])
+    assert sorted(p.name for p in shards_dir.iterdir()) == ["1-of-2", "2-of-2"]
+    shard = shards_dir / "1-of-2"
+    assert oct(shard.stat().st_mode & 0o777) == "0o755"
+    text = (shard / "shard.json").read_text()
+    assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"
+    write_set(tmp_path, [["a"], ["b"]])  # written again: replaced, nothing left beside it
+    assert sorted(p.name for p in shards_dir.iterdir()) == ["1-of-2", "2-of-2"]
+
+
+def test_shard_refusals_name_the_shard(tmp_path: Path) -> None:
+    shards_dir = write_set(tmp_path, [["a"], ["b"], ["c"]])
+    shutil.rmtree(shards_dir / "1-of-3")
+    shutil.rmtree(shards_dir / "3-of-3")
+    with pytest.raises(UserError) as caught:
+        read_shards(shards_dir)
+    assert str(caught.value) == (
+        f"{shards_dir}: shards 1, 3 of 3 are missing (found 2); build them, then merge"
+    )
+    with pytest.raises(UserError) as caught:
+        read_shards(tmp_path / "none")
+    assert str(caught.value) == (
+        f"no shards in {tmp_path / 'none'}: run `nox -s build_shard -- --shard I/N` for each I "
+        "(or download the shard artifacts there) first"
+    )
+    record = shards_dir / "2-of-3" / "shard.json"
+    record.write_text("[]")
+    with pytest.raises(UserError) as caught:
+        read_shards(shards_dir)
+    assert str(caught.value).startswith(f"{record} is not a shard record of this tool (TypeError: ")
+    assert str(caught.value).endswith("; build that shard again with `nox -s build_shard`")
+
+
+def test_a_shard_that_built_another_share_or_holds_two_wheels_is_refused(tmp_path: Path) -> None:
+    shards_dir = tmp_path / "shards"
+    wheel = fake_wheel(tmp_path / "part.whl", ["a"])
+    record = {"key": "k", "index": 1, "count": 1, "plan": [["a", "b"]]}
+    write_shard(shards_dir, ShardSpec(1, 1), wheel, {**record, "modules": {"a": "r"}})
+    with pytest.raises(UserError) as caught:
+        read_shards(shards_dir)
+    assert str(caught.value) == "shard 1/1 built ['a'], not its share of the plan ['a', 'b']"
+    shutil.copy(wheel, shards_dir / "1-of-1" / "extra.whl")
+    with pytest.raises(UserError) as caught:
+        read_shards(shards_dir)
+    assert str(caught.value) == (
+        f"{shards_dir / '1-of-1'} should hold one wheel, not 2: build it again"
+    )
