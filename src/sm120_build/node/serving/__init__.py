@@ -10,8 +10,9 @@ their reason where they are set.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 PASS, FAIL, NOT_RUNNABLE = "PASS", "FAIL", "not runnable on this GPU"
@@ -61,6 +62,11 @@ def compare(
         PASS if ok else FAIL,
         caller,
     )
+
+
+def offsets(lengths: Iterable[int]) -> list[int]:
+    """Where each of consecutive segments of these lengths starts, and the end: an indptr."""
+    return list(accumulate(lengths, initial=0))
 
 
 Check = Callable[[list[str]], list[Row]]

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from . import TOLERANCES, Row, compare
+from . import TOLERANCES, Row, compare, offsets
 
 _FA2 = re.compile(
     r"(?P<kind>batch_prefill|batch_decode|single_prefill|single_decode)_with_kv_cache_"
@@ -228,7 +228,7 @@ def _run(case: Case) -> Row:
         ]
     )
     q = torch.cat(queries)
-    qo_indptr = torch.tensor([0, *_cumulative(qo_lens)], dtype=torch.int32, device="cuda")
+    qo_indptr = torch.tensor(offsets(qo_lens), dtype=torch.int32, device="cuda")
     workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     common: dict[str, Any] = {"q_data_type": q_type, "kv_data_type": kv_type}
     if case.window >= 0:
@@ -250,7 +250,7 @@ def _run(case: Case) -> Row:
             q[0], keys[0], values[0], window_left=case.window, logits_soft_cap=case.cap
         )[None]
     elif case.layout == "ragged":
-        kv_indptr = torch.tensor([0, *_cumulative(kv_lens)], dtype=torch.int32, device="cuda")
+        kv_indptr = torch.tensor(offsets(kv_lens), dtype=torch.int32, device="cuda")
         wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="fa2")
         wrapper.plan(
             qo_indptr,
@@ -330,14 +330,6 @@ def _run(case: Case) -> Row:
     )
 
 
-def _cumulative(lengths: tuple[int, ...]) -> list[int]:
-    total, out = 0, []
-    for length in lengths:
-        total += length
-        out.append(total)
-    return out
-
-
 def _pages(keys: list[Any], values: list[Any], page: int, gen: Any) -> tuple[Any, Any, Any]:
     """The requests' K/V in a paged cache of `page` tokens a page, its pages in a shuffled
     order: ((k_cache, v_cache), (kv_indptr, kv_indices), last_page_len)."""
@@ -357,6 +349,6 @@ def _pages(keys: list[Any], values: list[Any], page: int, gen: Any) -> tuple[Any
             k_cache[slot, : rows.stop - rows.start] = k[rows]
             v_cache[slot, : rows.stop - rows.start] = v[rows]
         start += count
-    indptr = torch.tensor([0, *_cumulative(tuple(counts))], dtype=torch.int32, device="cuda")
+    indptr = torch.tensor(offsets(counts), dtype=torch.int32, device="cuda")
     last = torch.tensor([len(k) - (c - 1) * page for k, c in zip(keys, counts, strict=True)])
     return (k_cache, v_cache), (indptr, order), last.to(torch.int32).cuda()

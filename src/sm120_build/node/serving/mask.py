@@ -9,7 +9,7 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Any
 
-from . import Row, compare
+from . import Row, compare, offsets
 
 CALLER = "sglang/srt/layers/attention/flashinfer_backend.py:1439"
 # Packing is exact: any bit out of place is an error.
@@ -36,10 +36,7 @@ def segment_pack(bits: Any, indptr: list[int], bitorder: str) -> tuple[Any, list
     import torch
 
     parts = [pack(bits[start:end], bitorder) for start, end in pairwise(indptr)]
-    packed_indptr = [0]
-    for part in parts:
-        packed_indptr.append(packed_indptr[-1] + part.numel())
-    return torch.cat(parts), packed_indptr
+    return torch.cat(parts), offsets(part.numel() for part in parts)
 
 
 def check(modules: list[str]) -> list[Row]:
@@ -65,10 +62,7 @@ def check(modules: list[str]) -> list[Row]:
         )
     # The verify step's mask: per request, its draft tokens (rows) over its cached and draft
     # tokens (columns), flattened row by row, as FlashInfer's plan packs it.
-    sizes = [DRAFT_TOKENS * (length + DRAFT_TOKENS) for length in SEQ_LENS]
-    indptr = [0]
-    for size in sizes:
-        indptr.append(indptr[-1] + size)
+    indptr = offsets(DRAFT_TOKENS * (length + DRAFT_TOKENS) for length in SEQ_LENS)
     mask = torch.rand(indptr[-1], generator=gen, device="cuda") < 0.5
     got, got_indptr = flashinfer.segment_packbits(
         mask, torch.tensor(indptr, dtype=torch.int32, device="cuda"), bitorder="little"

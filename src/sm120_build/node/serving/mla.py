@@ -15,8 +15,8 @@ import math
 import re
 from typing import Any
 
-from . import Row, compare
-from .attention import ATTENTION_TOLERANCE, QO_LENS, _cumulative, reference
+from . import Row, compare, offsets
+from .attention import ATTENTION_TOLERANCE, QO_LENS, reference
 
 _MLA = re.compile(
     r"batch_mla_attention_dtype_q_(?P<q>bf16|f16)_dtype_kv_(?P=q)_dtype_o_(?P=q)_dtype_idx_i32_"
@@ -81,8 +81,8 @@ def _run(module: str, phase: str, dtype: str, ckv_dim: int, kpe_dim: int) -> Row
     kpe_cache = torch.empty(total, 1, kpe_dim, dtype=torch_dtype, device="cuda")
     ckv_cache[order.long()] = torch.cat(ckv)
     kpe_cache[order.long()] = torch.cat(kpe)
-    qo_indptr = torch.tensor([0, *_cumulative(qo_lens)], dtype=torch.int32, device="cuda")
-    kv_indptr = torch.tensor([0, *_cumulative(KV_LENS)], dtype=torch.int32, device="cuda")
+    qo_indptr = torch.tensor(offsets(qo_lens), dtype=torch.int32, device="cuda")
+    kv_indptr = torch.tensor(offsets(KV_LENS), dtype=torch.int32, device="cuda")
     kv_lens = torch.tensor(KV_LENS, dtype=torch.int32, device="cuda")
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace, backend="fa2")
