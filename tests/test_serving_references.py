@@ -22,7 +22,7 @@ from sm120_build.node.serving.fp4 import (  # noqa: E402
     unpack,
 )
 from sm120_build.node.serving.gemm import dequantize_block_fp8  # noqa: E402
-from sm120_build.node.serving.mask import pack, segment_pack  # noqa: E402
+from sm120_build.node.serving.mask import EXACT, pack, segment_pack  # noqa: E402
 from sm120_build.node.serving.moe import reference_moe  # noqa: E402
 
 
@@ -247,6 +247,17 @@ def test_the_mask_packer_is_numpys_packbits(bitorder: str) -> None:
     parts = [numpy.packbits(bits[a:b].numpy(), bitorder=bitorder) for a, b in pairwise(indptr)]
     assert packed.numpy().tolist() == numpy.concatenate(parts).tolist()
     assert packed_indptr == [0, 1, 1, 3, 3 + (1003 - 21 + 7) // 8]
+
+
+def test_a_packed_mask_one_bit_off_fails_the_exact_comparison() -> None:
+    """What tests/device/checks_fail_on_wrong_results.py does to segment_packbits on a GPU:
+    one bit flipped in thousands fails the quantization check's row; the right bytes pass."""
+    bits = torch.rand(4003, generator=torch.Generator().manual_seed(5)) < 0.5
+    want = pack(bits, "little")
+    wrong = want.clone()
+    wrong[len(wrong) // 3] ^= 1
+    assert compare("quantization", "m", "c", wrong, want, EXACT, "x").status == FAIL
+    assert compare("quantization", "m", "c", want.clone(), want, EXACT, "x").status == PASS
 
 
 def test_every_module_of_the_served_profile_has_a_check() -> None:

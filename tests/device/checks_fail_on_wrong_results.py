@@ -15,7 +15,7 @@ import flashinfer.mla
 import flashinfer.norm
 import torch
 
-from sm120_build.node.serving import FAIL, PASS, attention, elementwise
+from sm120_build.node.serving import FAIL, PASS, attention, elementwise, mask
 
 
 def perturbed(function: Any, where: Any) -> Any:
@@ -23,7 +23,10 @@ def perturbed(function: Any, where: Any) -> Any:
         out = function(*args, **kwargs)
         target = where(out, args)
         flat = target.view(-1)
-        flat[flat.numel() // 3] += 0.5  # one element of thousands, off by half a unit
+        if target.is_floating_point():
+            flat[flat.numel() // 3] += 0.5  # one element of thousands, off by half a unit
+        else:
+            flat[flat.numel() // 3] ^= 1  # packed bits: one bit flipped
         return out
 
     return wrong
@@ -34,6 +37,7 @@ provenance = json.loads(
 )
 attention_modules = [m for m, r in provenance["modules"].items() if r.startswith("attention")]
 norm_modules = [m for m, r in provenance["modules"].items() if r == "norm"]
+quantization_modules = [m for m, r in provenance["modules"].items() if r == "quantization"]
 failures = 0
 CASES: list[tuple[str, Any, str, Any, Any]] = [
     (
@@ -65,6 +69,25 @@ CASES: list[tuple[str, Any, str, Any, Any]] = [
         lambda: [r for r in attention.check(attention_modules) if r.case.startswith("mla/")],
     ),
 ]
+if quantization_modules:  # the speculative-decoding mask packer, where the wheel has it
+    CASES += [
+        (
+            "quantization packbits",
+            flashinfer,
+            "packbits",
+            lambda out, args: out,
+            lambda: [r for r in mask.check(quantization_modules) if r.case.startswith("packbits")],
+        ),
+        (
+            "quantization segment_packbits",
+            flashinfer,
+            "segment_packbits",
+            lambda out, args: out[0],
+            lambda: [
+                r for r in mask.check(quantization_modules) if r.case == "segment_packbits/little"
+            ],
+        ),
+    ]
 for label, owner, name, where, run in CASES:
     original = getattr(owner, name)
     setattr(owner, name, perturbed(original, where))
