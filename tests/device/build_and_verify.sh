@@ -1,7 +1,7 @@
 #!/bin/bash
 # On the device machine (an H200, sm_90, no package index): build a 9.0a jit-cache of PROFILE
-# with this project's own build, install the wheels into a fresh venv over the image's torch,
-# and run verify_gpu over every module of that wheel. Not a test of the suite (it needs a GPU).
+# with this project's own build, then check it as verify_wheelhouse.sh does (verify_gpu over
+# every module, memcheck, the wrong-result checks). Not a test of the suite (it needs a GPU).
 #
 # Carried: .devwhl/ (pins.toml's [build] and [render] requirements as wheels, less torch,
 # numpy, filelock, jinja2 and requests, which the image has, plus their own requirements:
@@ -34,11 +34,5 @@ tail -n 25 "$out/build.log"
 echo "build: exit $status in $(($(date +%s) - started)) s"
 [ "$status" = 0 ] || exit "$status"
 ls -l wheelhouse/
-"$python" -m pip install -q --no-index --no-deps wheelhouse/flashinfer_python-*.whl \
-    wheelhouse/flashinfer_jit_cache-*.whl wheelhouse/sglang-*.whl
-started=$(date +%s)
-sm120-verify-gpu --json "$out/verify.json" "$@" >"$out/verify.log" 2>&1
-status=$?
-grep -v " PASS$" "$out/verify.log" | tail -n 40
-echo "verify_gpu: exit $status in $(($(date +%s) - started)) s"
-exit "$status"
+# The same checks as for a wheelhouse built elsewhere: verify_gpu, memcheck, wrong results.
+exec bash tests/device/verify_wheelhouse.sh "$@"

@@ -45,7 +45,11 @@ CASES: list[tuple[str, Any, str, Any, Any]] = [
         flashinfer.norm,
         "rmsnorm",
         lambda out, args: out,
-        lambda: [r for r in elementwise.norm(norm_modules) if r.case.startswith("rmsnorm/")],
+        lambda: (
+            [r for r in elementwise.norm(norm_modules) if r.case.startswith("rmsnorm/")]
+            if norm_modules
+            else []
+        ),
     ),
     (
         "attention paged prefill",
@@ -88,15 +92,22 @@ if quantization_modules:  # the speculative-decoding mask packer, where the whee
             ],
         ),
     ]
+checked = 0
 for label, owner, name, where, run in CASES:
+    right = run()
+    if not right:  # a wheel without this family's modules (the d64 build has no norm, no MLA)
+        print(f"{label}: no such module in this wheel, not checked")
+        continue
     original = getattr(owner, name)
     setattr(owner, name, perturbed(original, where))
-    wrong = run()
-    setattr(owner, name, original)
-    right = run()
+    try:
+        wrong = run()
+    finally:
+        setattr(owner, name, original)
     bad = sum(r.status == FAIL for r in wrong)
     good = sum(r.status == PASS for r in right)
     print(f"{label}: perturbed {bad}/{len(wrong)} rows FAIL; unperturbed {good}/{len(right)} PASS")
     failures += (bad != len(wrong)) + (good != len(right))
+    checked += 1
 torch.cuda.synchronize()
-sys.exit(1 if failures else 0)
+sys.exit(1 if failures or not checked else 0)

@@ -1,8 +1,9 @@
 #!/bin/bash
 # On the device machine (an H200 or H100, sm_90, no package index): install a 9.0a wheelhouse
 # built elsewhere (`nox -s build_wheels -- --arch 9.0a ...` on the build machine) over the
-# image's torch, then run verify_gpu over every module of its jit-cache, compute-sanitizer's
-# memcheck over the non-comm modules, and the wrong-result checks. For when the device time
+# image's torch (sglang too: its prebuilt kernels are checked through its own API), then run
+# verify_gpu over every module of its jit-cache, compute-sanitizer's memcheck over the
+# non-comm modules, and the wrong-result checks. For when the device time
 # left is too short to build there (build_and_verify.sh builds there). Not a test of the
 # suite (it needs a GPU).
 #
@@ -16,9 +17,9 @@ out=${OUT:-/tmp/out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 python=$(command -v python3)
-"$python" -m pip install -q --no-index --no-deps --no-compile .devwhl/*.whl \
+"$python" -m pip install -q --no-index --no-deps --no-compile .devwhl/apache_tvm_ffi-*.whl \
     wheelhouse/flashinfer_python-*.whl wheelhouse/flashinfer_jit_cache-*.whl \
-    wheelhouse/sm120_build-*.whl || exit
+    wheelhouse/sglang-*.whl wheelhouse/sm120_build-*.whl || exit
 export PATH=$(dirname "$(realpath -s "$python")"):$PATH
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 started=$(date +%s)
