@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import os
 import shutil
 import socket
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 from packaging.utils import canonicalize_name
 
+from sm120_build import cli
 from sm120_build.pins import Companion
 from sm120_build.wheels import assemble_wheelhouse, finalize_wheel
 
@@ -137,20 +140,30 @@ def project(tmp_path: Path) -> Path:
 
 def publish(
     root: Path, *args: str, password: str = PASSWORD, find_links: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = dict(
-        os.environ, TWINE_USERNAME="uploader", TWINE_PASSWORD=password, HOME=str(root)
-    )  # no ~/.pypirc or keyring of the machine's
-    env.pop("PIP_FIND_LINKS", None)
+) -> SimpleNamespace:
+    """`sm120-build publish ARGS` run from `root`, in this process (so that mutation testing
+    sees which tests reach publish.py), with returncode, stdout and stderr as a subprocess's.
+    Its environment and working directory are restored afterwards."""
+    saved_environ, saved_cwd = dict(os.environ), Path.cwd()
+    # No ~/.pypirc or keyring of the machine's.
+    os.environ.update(TWINE_USERNAME="uploader", TWINE_PASSWORD=password, HOME=str(root))
+    os.environ.pop("PIP_FIND_LINKS", None)
     if find_links is not None:  # pip's own configuration, as the build machine has it
-        env.update(PIP_FIND_LINKS=str(find_links), PIP_NO_INDEX="1")
-    return subprocess.run(
-        [sys.executable, "-m", "sm120_build", "publish", *args],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        os.environ.update(PIP_FIND_LINKS=str(find_links), PIP_NO_INDEX="1")
+    stdout, stderr = io.StringIO(), io.StringIO()
+    try:
+        os.chdir(root)
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                returncode: object = cli.main(["publish", *args])
+            except SystemExit as exit:  # argparse's refusals
+                returncode = exit.code
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_environ)
+    return SimpleNamespace(
+        returncode=returncode, stdout=stdout.getvalue(), stderr=stderr.getvalue()
     )
 
 
