@@ -160,7 +160,7 @@ def build_wheels(session: nox.Session) -> None:
 
     -- --profile NAME                the modules to build ahead of time (profiles.toml; comm)
     -- --module NAME                 one module recipe more (repeatable)
-    -- --arch 12.0f [--arch 9.0a]    targets (default: the SM12x family, see README)
+    -- --arch 12.0f [--arch 9.0a]    targets (default: the SM12x family, docs/benchmarks.md)
     -- --cuda-home PATH              a system CUDA toolkit instead of the pinned pip one
     -- --base-jit-cache WHEEL        keep another jit-cache wheel's modules (checked first)
     -- --glibc-baseline X.Y          refuse a jit-cache wheel that needs a newer glibc
@@ -206,7 +206,7 @@ def build_shard(session: nox.Session) -> None:
 
     -- --shard I/N, and the same --profile/--module/--arch/--cuda-home/--base-jit-cache on
     every shard.
-    Point sccache at a shared backend with its own SCCACHE_* variables (README).
+    Point sccache at a shared backend with its own SCCACHE_* variables (docs/cache.md).
     Every sm120-build command also takes --verbose (the traceback of an unexpected error)
     and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
     """

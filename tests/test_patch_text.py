@@ -70,7 +70,7 @@ def test_read_patch_names_what_is_wrong(tmp_path: Path) -> None:
         read_patch(bare)
     assert str(caught.value) == (
         f"{bare}: DEP-3 header lacks Origin or Author; Forwarded. "
-        "Add the fields at the top of the patch (see README, 'Adding a patch')."
+        "Add the fields at the top of the patch (docs/patches.md, 'Adding or refreshing a patch')."
     )
 
 

@@ -84,7 +84,8 @@ def read_patch(path: Path) -> Patch:
     if missing:
         raise UserError(
             f"{path}: DEP-3 header lacks {'; '.join(missing)}. "
-            "Add the fields at the top of the patch (see README, 'Adding a patch')."
+            "Add the fields at the top of the patch "
+            "(docs/patches.md, 'Adding or refreshing a patch')."
         )
     return Patch(path=path, header=header, diff=diff)
 

@@ -16,7 +16,7 @@ from ..toolkit import Toolkit
 if TYPE_CHECKING:
     from .render import Module
 
-# The default targets: see README ("Which arch") for the measurement behind the choice.
+# The default targets: docs/benchmarks.md ("Which arch") for the measurement behind the choice.
 DEFAULT_ARCHS = ["12.0f"]
 _ARCH = re.compile(r"^(\d+)\.(\d)([af]?)$")
 
