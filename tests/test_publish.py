@@ -432,9 +432,70 @@ def test_static_index_refuses_other_content_under_a_name_and_writes_nothing(
     alpha.write_bytes(b"something else")
     before = {p: p.read_bytes() for p in static.rglob("*") if p.is_file()}
     result = publish(project, "--static", str(static))
+    ours = hashlib.sha256((project / "wheelhouse" / alpha.name).read_bytes()).hexdigest()
     assert result.returncode == 1
-    assert "already exists with other content" in result.stderr
+    assert (
+        f"error: {alpha} already exists with other content:\n"
+        f"  index sha256 {hashlib.sha256(b'something else').hexdigest()}\n"
+        f"  ours  sha256 {ours}\n"
+        "An index never replaces a file; nothing was written. Bump the version (a changed "
+        "series does) or publish to another directory.\n"
+    ) in result.stderr
     assert {p: p.read_bytes() for p in static.rglob("*") if p.is_file()} == before
+
+
+def test_static_index_again_from_the_same_wheelhouse_changes_nothing(
+    project: Path, tmp_path: Path
+) -> None:
+    static = tmp_path / "mirror"
+    assert publish(project, "--static", str(static)).returncode == 0
+    before = {p: p.read_bytes() for p in static.rglob("*") if p.is_file()}
+    again = publish(project, "--static", str(static))
+    assert again.returncode == 0, again.stderr
+    assert {p: p.read_bytes() for p in static.rglob("*") if p.is_file()} == before
+
+
+def test_static_index_pages_and_modes(project: Path, tmp_path: Path) -> None:
+    """The pages pip reads, byte for byte, and a tree a web server can serve as it is."""
+    static = tmp_path / "mirror"
+    result = publish(project, "--static", str(static))
+    assert result.returncode == 0, result.stderr
+    assert f"static index: {static}/simple/ (added 2 wheels; 2 projects)" in result.stderr
+    (alpha,) = (static / "packages").glob("alpha_pkg-*.whl")
+    digest = hashlib.sha256(alpha.read_bytes()).hexdigest()
+    head = '<!DOCTYPE html>\n<html><head><meta name="pypi:repository-version" content="1.0">'
+    assert (static / "simple/alpha-pkg/index.html").read_text() == (
+        f"{head}<title>alpha-pkg</title></head>\n<body>\n"
+        f'<a href="../../packages/{alpha.name.replace("+", "%2B")}#sha256={digest}">'
+        f"{alpha.name}</a><br>\n</body></html>\n"
+    )
+    assert (static / "simple/index.html").read_text() == (
+        f"{head}<title>Simple index</title></head>\n<body>\n"
+        '<a href="alpha-pkg/">alpha-pkg</a><br>\n<a href="beta-pkg/">beta-pkg</a><br>\n'
+        "</body></html>\n"
+    )
+    for directory in (static, static / "packages", static / "simple", static / "simple/alpha-pkg"):
+        assert directory.stat().st_mode & 0o777 == 0o755, directory
+    for file in (alpha, static / "simple/index.html", static / "simple/beta-pkg/index.html"):
+        assert file.stat().st_mode & 0o777 == 0o644, file
+    assert not [p for p in static.rglob(".*")]  # no .partial left
+
+
+def test_static_index_refuses_a_file_or_a_foreign_directory(project: Path, tmp_path: Path) -> None:
+    file = tmp_path / "mirror.txt"
+    file.write_text("x")
+    result = publish(project, "--static", str(file))
+    assert result.returncode == 1
+    assert f"error: --static {file} is a file; name a directory" in result.stderr
+    half = tmp_path / "half"
+    (half / "packages").mkdir(parents=True)  # packages/ without simple/: not ours to add to
+    result = publish(project, "--static", str(half))
+    assert result.returncode == 1
+    assert (
+        f"error: {half} is neither empty nor a static index (packages/ + simple/); "
+        "choose another directory"
+    ) in result.stderr
+    assert [p.name for p in half.iterdir()] == ["packages"]
 
 
 @pytest.mark.slow
