@@ -1,14 +1,16 @@
 """fetch_sdist through real pip, pointed at a local find-links directory of generated sdists."""
 
+import hashlib
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from sm120_build.errors import UserError
-from sm120_build.fetch import cached_sdist_path, fetch_sdist
+from sm120_build.fetch import cached_sdist_path, fetch_pinned_wheel, fetch_sdist
 
 from .conftest import fixture_upstream, make_tarball
+from .test_publish import wheel_in
 
 SETUP = {
     "PKG-INFO": "Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
@@ -103,3 +105,94 @@ def test_hostile_sdist_with_the_wrong_hash_never_runs(
     assert honest.sha256 in str(caught.value)
     assert not marker.exists()
     assert [p for p in cache.rglob("*") if p.is_file()] == []
+
+
+# fetch_pinned_wheel: a wheel named by a path, or pinned by hash and fetched through pip.
+
+
+def pinned(wheel: Path) -> str:
+    name, version = wheel.name.split("-")[:2]
+    return f"{name}=={version} --hash=sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}"
+
+
+@pytest.fixture
+def wheel_links(local_index: Path, tmp_path: Path) -> Path:
+    """The local find-links directory, now also serving one small wheel."""
+    return wheel_in(local_index, "demo_wheel", "1.0", payload="X = 1\n")
+
+
+def test_a_wheel_path_is_taken_as_it_is(tmp_path: Path) -> None:
+    wheel = tmp_path / "given-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"zip")
+    assert fetch_pinned_wheel(str(wheel), tmp_path / "cache") == wheel
+    assert not (tmp_path / "cache").exists()
+    with pytest.raises(UserError) as missing:
+        fetch_pinned_wheel(str(tmp_path / "absent-1.0-py3-none-any.whl"), tmp_path / "cache")
+    assert str(missing.value) == f"{tmp_path / 'absent-1.0-py3-none-any.whl'} does not exist"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "demo_wheel==1.0",  # no hash
+        "demo_wheel==1.0 --hash=sha256:" + "0" * 63,  # a hash too short
+        "demo_wheel>=1.0 --hash=sha256:" + "0" * 64,  # not pinned
+        "demo_wheel==1.0 --hash=md5:" + "0" * 64,
+    ],
+)
+def test_a_spec_that_pins_nothing_is_refused_with_the_form_expected(
+    spec: str, tmp_path: Path
+) -> None:
+    with pytest.raises(UserError) as refused:
+        fetch_pinned_wheel(spec, tmp_path / "cache")
+    assert str(refused.value) == (
+        f"{spec!r}: expected a .whl path, or a pinned requirement such as "
+        "'flashinfer-jit-cache==0.6.3+cu130 --hash=sha256:<64 hex>'"
+    )
+
+
+def test_a_pinned_wheel_is_fetched_once_into_its_hash(
+    wheel_links: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = tmp_path / "cache"
+    digest = hashlib.sha256(wheel_links.read_bytes()).hexdigest()
+    fetched = fetch_pinned_wheel(f"  {pinned(wheel_links)}\n", cache)
+    assert fetched == cache / "wheels" / digest / wheel_links.name
+    assert fetched.read_bytes() == wheel_links.read_bytes()
+    assert "sm120-build: fetching demo_wheel==1.0 through pip\n" in capsys.readouterr().err
+    assert sorted(p.name for p in (cache / "wheels").iterdir()) == [digest]  # no scratch left
+    wheel_links.unlink()  # the second time pip is not asked
+    assert fetch_pinned_wheel(pinned(fetched), cache) == fetched
+    assert "fetching" not in capsys.readouterr().err
+
+
+def test_any_of_several_pinned_hashes_is_found_in_the_cache(
+    wheel_links: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    fetched = fetch_pinned_wheel(pinned(wheel_links), cache)
+    wheel_links.unlink()
+    other = "--hash=sha256:" + "1" * 64
+    name, rest = pinned(fetched).split(" ", 1)
+    assert fetch_pinned_wheel(f"{name} {other} {rest}", cache) == fetched
+
+
+def test_a_corrupt_cache_entry_is_fetched_again(wheel_links: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    fetched = fetch_pinned_wheel(pinned(wheel_links), cache)
+    fetched.write_bytes(b"corrupt")
+    again = fetch_pinned_wheel(pinned(wheel_links), cache)
+    assert again == fetched and again.read_bytes() == wheel_links.read_bytes()
+
+
+def test_a_wheel_of_another_hash_is_refused_by_pip_and_nothing_is_kept(
+    wheel_links: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    spec = "demo_wheel==1.0 --hash=sha256:" + "2" * 64
+    with pytest.raises(UserError) as refused:
+        fetch_pinned_wheel(spec, cache)
+    message = str(refused.value)
+    assert message.startswith("pip could not download demo_wheel==1.0:\n")
+    assert "2" * 64 in message  # pip's own hash report, passed on
+    assert list((cache / "wheels").iterdir()) == []
