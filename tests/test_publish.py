@@ -23,6 +23,7 @@ from packaging.utils import canonicalize_name
 
 from sm120_build import cli
 from sm120_build.pins import Companion
+from sm120_build.publish import write_static_index
 from sm120_build.wheels import assemble_wheelhouse, finalize_wheel
 
 from .conftest import REPO, installed_versions
@@ -526,3 +527,27 @@ def test_publishes_what_build_wheels_produced(
     for name, version in required_versions(root).items():
         assert installed[name] == version
     assert "flashinfer-cubin" in installed
+
+
+def test_a_project_page_lists_every_version_in_order(project: Path, tmp_path: Path) -> None:
+    """write_static_index called as a library (no closure given), twice: the second
+    wheelhouse's alpha joins the first's on one page."""
+    static = tmp_path / "mirror"
+    write_static_index(project / "wheelhouse", static, tmp_path / "cache")
+    newer = tmp_path / "newer"
+    (newer / "scratch").mkdir(parents=True)
+    wheel = small_wheel(newer / "scratch", "alpha_pkg", "1.1")
+    assemble_wheelhouse([wheel], [], newer / "wheelhouse")
+    write_static_index(newer / "wheelhouse", static, tmp_path / "cache")
+    files = sorted((static / "packages").glob("alpha_pkg-*.whl"))
+    assert [f.name for f in files] == [
+        "alpha_pkg-1.0+sm120.pabc12345-py3-none-any.whl",
+        "alpha_pkg-1.1-py3-none-any.whl",
+    ]
+    links = [
+        f'<a href="../../packages/{f.name.replace("+", "%2B")}#sha256='
+        f'{hashlib.sha256(f.read_bytes()).hexdigest()}">{f.name}</a><br>\n'
+        for f in files
+    ]
+    page = (static / "simple/alpha-pkg/index.html").read_text()
+    assert page.endswith("<body>\n" + "".join(links) + "</body></html>\n")

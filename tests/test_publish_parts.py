@@ -67,16 +67,20 @@ def test_another_http_error_is_quoted() -> None:
 @pytest.mark.parametrize(
     ("output", "meaning"),
     [
-        ("... [Errno 111] Connection refused')", "the connection was refused: is the index"),
+        (
+            "... [Errno 111] Connection refused')",
+            "the connection was refused: is the index running at that URL?",
+        ),
         ("ReadTimeoutError: read timed out. (read timeout=3)", "the connection timed out"),
     ],
 )
 def test_connection_failures_are_named(output: str, meaning: str) -> None:
-    assert _upload_failure(output).startswith(meaning)
+    assert _upload_failure(output) == meaning
 
 
 def test_otherwise_the_last_line_twine_printed_or_a_word_that_there_was_none() -> None:
-    assert _upload_failure("first\n  \nERROR something odd\n\n") == "ERROR something odd"
+    output = "first\n  \nsecond\nERROR something odd\n\n"
+    assert _upload_failure(output) == "ERROR something odd"
     assert _upload_failure("\n  \n") == "twine failed without output"
 
 
@@ -103,6 +107,29 @@ def test_served_files_takes_the_hash_from_the_link_or_hashes_the_file(tmp_path: 
         "alpha_pkg-1.0-py3-none-any.whl": digest,
         "beta_pkg-2.0-py3-none-any.whl": hashlib.sha256(b"beta").hexdigest(),
     }
+
+
+class RecordingReader(Reader):
+    """A real Reader that also notes each URL it was asked for."""
+
+    def __init__(self) -> None:
+        super().__init__(5)
+        self.urls: list[str] = []
+
+    def get(self, url: str) -> bytes | None:
+        self.urls.append(url)
+        return super().get(url)
+
+
+@pytest.mark.parametrize("slashes", ["", "/", "//"])
+def test_the_project_page_is_asked_for_below_the_index_url_however_it_ends(
+    tmp_path: Path, slashes: str
+) -> None:
+    simple = tmp_path / "simple"
+    static_page(simple, "alpha-pkg", "")
+    reader = RecordingReader()
+    assert served_files(reader, simple.as_uri() + slashes, "alpha-pkg") == {}
+    assert reader.urls == [simple.as_uri() + "/alpha-pkg/"]
 
 
 def test_a_project_the_index_does_not_have_serves_nothing(tmp_path: Path) -> None:
