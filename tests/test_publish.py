@@ -140,14 +140,22 @@ def project(tmp_path: Path) -> Path:
 
 
 def publish(
-    root: Path, *args: str, password: str = PASSWORD, find_links: Path | None = None
+    root: Path,
+    *args: str,
+    password: str = PASSWORD,
+    find_links: Path | None = None,
+    env_credentials: bool = True,
 ) -> SimpleNamespace:
     """`sm120-build publish ARGS` run from `root`, in this process (so that mutation testing
     sees which tests reach publish.py), with returncode, stdout and stderr as a subprocess's.
     Its environment and working directory are restored afterwards."""
     saved_environ, saved_cwd = dict(os.environ), Path.cwd()
     # No ~/.pypirc or keyring of the machine's.
-    os.environ.update(TWINE_USERNAME="uploader", TWINE_PASSWORD=password, HOME=str(root))
+    os.environ.update(HOME=str(root))
+    for variable in ("TWINE_USERNAME", "TWINE_PASSWORD", "TWINE_REPOSITORY_URL"):
+        os.environ.pop(variable, None)
+    if env_credentials:
+        os.environ.update(TWINE_USERNAME="uploader", TWINE_PASSWORD=password)
     os.environ.pop("PIP_FIND_LINKS", None)
     if find_links is not None:  # pip's own configuration, as the build machine has it
         os.environ.update(PIP_FIND_LINKS=str(find_links), PIP_NO_INDEX="1")
@@ -216,6 +224,8 @@ def test_upload_then_install_then_republish_is_a_no_op(
         p.name for p in (project / "wheelhouse").glob("*.whl")
     )
     assert first.stderr.count(": uploaded") == 2
+    for number, name in enumerate(sorted(p.name for p in index.packages.iterdir()), 1):
+        assert f"sm120-build: uploading {name} ({number} of 2)\n" in first.stderr
 
     installed = fresh_install(project, index.simple, tmp_path)
     for name, version in required_versions(project).items():
@@ -223,7 +233,8 @@ def test_upload_then_install_then_republish_is_a_no_op(
 
     again = publish(project, "--repository-url", index.upload, "--index-url", index.simple)
     assert again.returncode == 0, again.stderr
-    assert again.stderr.count("already there (identical), skipped") == 2
+    for name in (p.name for p in index.packages.iterdir()):
+        assert f"sm120-build:   {name}: already there (identical), skipped\n" in again.stderr
     assert "uploading" not in again.stderr
 
 
@@ -288,7 +299,7 @@ def test_a_conflict_on_the_last_file_stops_the_run_before_any_upload(
     shutil.copyfile(other, index.packages / tampered.name)
     result = publish(project, "--repository-url", index.upload, "--index-url", index.simple)
     assert result.returncode == 1
-    assert "nothing was uploaded" in result.stderr
+    assert "Indexes do not allow replacing a file; nothing was uploaded.\n" in result.stderr
     assert not list(index.packages.glob("alpha_pkg-*"))
     assert "alpha_pkg-1.0+sm120.pabc12345-py3-none-any.whl: NOT on the index" in result.stderr
 
@@ -352,9 +363,74 @@ def test_credentials_in_a_url_are_refused(project: Path, index: Any) -> None:
     url = index.upload.replace("http://", f"http://uploader:{PASSWORD}@")
     result = publish(project, "--repository-url", url, "--index-url", index.simple)
     assert result.returncode == 1
-    assert "TWINE_USERNAME" in result.stderr
+    assert "error: --repository-url carries credentials in the URL" in result.stderr
     assert PASSWORD not in result.stderr
     assert list(index.packages.iterdir()) == []
+    url = index.simple.replace("http://", f"http://uploader:{PASSWORD}@")
+    result = publish(project, "--repository-url", index.upload, "--index-url", url)
+    assert "error: --index-url carries credentials in the URL" in result.stderr
+    assert PASSWORD not in result.stderr
+
+
+@pytest.mark.parametrize("option", ["--index-url", "--repository-url"])
+def test_a_url_that_is_not_http_is_refused_by_its_option(
+    project: Path, index: Any, option: str
+) -> None:
+    urls = {"--index-url": index.simple, "--repository-url": index.upload, option: "ftp://x/"}
+    result = publish(project, *(part for pair in urls.items() for part in pair))
+    assert result.returncode == 1
+    assert f"error: {option} 'ftp://x/' is not an http(s) URL\n" in result.stderr
+    assert list(index.packages.iterdir()) == []
+
+
+def test_a_wheel_twine_check_rejects_stops_the_run_with_twines_words(
+    tmp_path: Path, index: Any
+) -> None:
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy(REPO / "pins.toml", root)
+    raw = tmp_path / "delta_pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(raw, "w") as archive:  # reStructuredText that does not render
+        archive.writestr("delta_pkg/__init__.py", "")
+        archive.writestr(
+            "delta_pkg-1.0.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: delta_pkg\nVersion: 1.0\n"
+            "Description-Content-Type: text/x-rst\n\n.. broken:: directive\n\n`unclosed\n",
+        )
+        archive.writestr(
+            "delta_pkg-1.0.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+    (tmp_path / "final").mkdir()
+    assemble_wheelhouse([finalize_wheel(raw, tmp_path / "final", {})], [], root / "wheelhouse")
+    result = publish(root, "--repository-url", index.upload, "--index-url", index.simple)
+    assert result.returncode == 1
+    assert "error: twine check failed:\n" in result.stderr
+    assert "delta_pkg-1.0-py3-none-any.whl" in result.stderr and "FAILED" in result.stderr
+    assert list(index.packages.iterdir()) == []
+
+
+@pytest.mark.private_index
+def test_a_repository_named_in_pypirc_is_uploaded_to_and_read_back_with_its_credentials(
+    project: Path, index: Any
+) -> None:
+    """--repository NAME instead of a URL: twine uploads to the ~/.pypirc section, and the
+    read-back of an index that needs auth for reading uses that section's credentials."""
+    (project / ".pypirc").write_text(
+        "[distutils]\nindex-servers =\n    internal\n\n"
+        f"[internal]\nrepository = {index.upload}\nusername = uploader\npassword = {PASSWORD}\n"
+    )
+    result = publish(
+        project, "--repository", "internal", "--index-url", index.simple, env_credentials=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count(": uploaded") == 2
+    assert len(list(index.packages.iterdir())) == 2
+    wrong = publish(
+        project, "--repository", "elsewhere", "--index-url", index.simple, env_credentials=False
+    )
+    assert wrong.returncode == 1
+    assert "uploading" not in wrong.stderr  # the read-back of a private index fails first
 
 
 def test_malformed_sha256sums_is_a_clear_error(project: Path, tmp_path: Path) -> None:
