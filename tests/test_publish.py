@@ -270,6 +270,26 @@ def test_the_companions_requirements_txt_pins_are_published_too(tmp_path: Path, 
     assert again.returncode == 0 and again.stderr.count("already there (identical)") == 2
 
 
+def test_an_index_url_that_does_not_serve_the_upload_fails_the_read_back(
+    project: Path, index: Any, tmp_path: Path
+) -> None:
+    """--index-url naming another index than the one uploaded to (an empty static tree
+    here): the uploads succeed, and the read-back says what is missing where."""
+    elsewhere = tmp_path / "elsewhere" / "simple"
+    elsewhere.mkdir(parents=True)
+    other_index = elsewhere.as_uri() + "/"
+    result = publish(project, "--repository-url", index.upload, "--index-url", other_index)
+    assert result.returncode == 1
+    (alpha,) = (project / "wheelhouse").glob("alpha_pkg-*.whl")
+    digest = hashlib.sha256(alpha.read_bytes()).hexdigest()
+    assert (
+        f"error: after uploading, {other_index} serves {alpha.name} with sha256 nothing, "
+        f"not {digest}\n"
+    ) in result.stderr
+    assert f"sm120-build: summary for {other_index}:\n" in result.stderr
+    assert result.stderr.count(": uploaded") == 2
+
+
 def test_same_name_other_content_is_refused(project: Path, index: Any, tmp_path: Path) -> None:
     wheelhouse = project / "wheelhouse"
     (tampered,) = wheelhouse.glob("alpha_pkg-*.whl")
