@@ -22,8 +22,10 @@ import pytest
 from packaging.utils import canonicalize_name
 
 from sm120_build import cli
+from sm120_build import publish as publish_module
+from sm120_build.cache import sha256_of
 from sm120_build.pins import Companion
-from sm120_build.publish import write_static_index
+from sm120_build.publish import LocalWheel, local_wheels, write_static_index
 from sm120_build.wheels import assemble_wheelhouse, finalize_wheel
 
 from .conftest import REPO, installed_versions
@@ -248,9 +250,8 @@ def test_the_companions_requirements_txt_pins_are_published_too(tmp_path: Path, 
     shutil.copy(REPO / "pins.toml", root)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    pin = Companion(
-        "gamma-pkg", "3.0", (hashlib.sha256((links / companion.name).read_bytes()).hexdigest(),)
-    )
+    real = hashlib.sha256((links / companion.name).read_bytes()).hexdigest()
+    pin = Companion("gamma-pkg", "3.0", ("0" * 64, real))  # pip takes a file of either hash
     assemble_wheelhouse([small_wheel(scratch, "alpha_pkg", "1.0")], [pin], root / "wheelhouse")
     env_result = publish(
         root, "--repository-url", index.upload, "--index-url", index.simple, find_links=links
@@ -451,6 +452,71 @@ def test_a_repository_named_in_pypirc_is_uploaded_to_and_read_back_with_its_cred
     )
     assert wrong.returncode == 1
     assert "uploading" not in wrong.stderr  # the read-back of a private index fails first
+
+
+def test_a_failed_upload_to_a_named_repository_names_it(
+    project: Path, index: Any, tmp_path: Path
+) -> None:
+    (project / ".pypirc").write_text(
+        "[distutils]\nindex-servers =\n    internal\n\n"
+        f"[internal]\nrepository = {index.upload}\nusername = uploader\npassword = wrong\n"
+    )
+    result = publish(
+        project, "--repository", "internal", "--index-url", index.simple, env_credentials=False
+    )
+    assert result.returncode == 1
+    (alpha,) = (project / "wheelhouse").glob("alpha_pkg-*.whl")
+    assert (
+        f"error: uploading {alpha.name} to repository internal failed: the index rejected "
+        "the credentials or their rights (HTTP 403 Forbidden)"
+    ) in result.stderr
+
+
+def test_no_credentials_at_all_fail_at_once_instead_of_prompting(project: Path, index: Any) -> None:
+    """twine runs --non-interactive: with no credentials anywhere it stops and says so."""
+    args = ("--repository-url", index.upload, "--index-url", index.simple)
+    result = publish(project, *args, env_credentials=False)
+    assert result.returncode == 1
+    assert "Credential not found for username" in result.stderr
+    assert list(index.packages.iterdir()) == []
+
+
+def test_publish_as_a_library_takes_extra_files_once(
+    project: Path, index: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """publish() and write_static_index() called directly: without a closure, and with
+    closure files, one of which is already among ours (it is not uploaded twice)."""
+    monkeypatch.setenv("TWINE_USERNAME", "uploader")
+    monkeypatch.setenv("TWINE_PASSWORD", PASSWORD)
+    monkeypatch.setenv("HOME", str(project))
+    wheelhouse = project / "wheelhouse"
+    ours = local_wheels(wheelhouse)
+    extra = small_wheel(tmp_path, "epsilon_pkg", "5.0")
+    closure = [ours[0], LocalWheel(extra, "epsilon-pkg", sha256_of(extra))]
+    publish_module.publish(wheelhouse, index.upload, None, index.simple, tmp_path / "cache")
+    assert len(list(index.packages.iterdir())) == 2
+    publish_module.publish(
+        wheelhouse, index.upload, None, index.simple, tmp_path / "cache", closure=closure
+    )
+    assert sorted(p.name for p in index.packages.iterdir()) == sorted(
+        [extra.name, *(w.path.name for w in ours)]
+    )
+    static = tmp_path / "static"
+    write_static_index(wheelhouse, static, tmp_path / "cache", closure)
+    assert sorted(p.name for p in (static / "packages").iterdir()) == sorted(
+        [extra.name, *(w.path.name for w in ours)]
+    )
+
+
+def test_a_wheelhouse_without_requirements_txt_is_refused(project: Path, tmp_path: Path) -> None:
+    (project / "wheelhouse" / "requirements.txt").unlink()
+    result = publish(project, "--static", str(tmp_path / "static"))
+    assert result.returncode == 1
+    assert (
+        f"error: {project / 'wheelhouse' / 'requirements.txt'} is missing: run "
+        "`nox -s build_wheels` first\n"
+    ) in result.stderr
+    assert not (tmp_path / "static").exists()
 
 
 def test_malformed_sha256sums_is_a_clear_error(project: Path, tmp_path: Path) -> None:

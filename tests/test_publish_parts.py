@@ -44,10 +44,10 @@ def test_other_urls_are_refused_naming_the_option(url: str) -> None:
 def test_credentials_in_a_url_are_refused_without_echoing_them(url: str) -> None:
     with pytest.raises(UserError) as refused:
         check_url(url, "--index-url")
-    message = str(refused.value)
-    assert message.startswith("--index-url carries credentials in the URL, which nox prints")
-    assert "TWINE_USERNAME/TWINE_PASSWORD, in a keyring or in ~/.pypirc" in message
-    assert "secret" not in message and "user" not in message.split("URL")[0]
+    assert str(refused.value) == (
+        "--index-url carries credentials in the URL, which nox prints with its command line. "
+        "Give them as TWINE_USERNAME/TWINE_PASSWORD, in a keyring or in ~/.pypirc."
+    )
 
 
 @pytest.mark.parametrize("code", ["401", "403"])
