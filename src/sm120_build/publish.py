@@ -126,7 +126,8 @@ def twine_credentials(repository_url: str | None, repository: str | None) -> tup
 
 def served_files(reader: Reader, index_url: str, project: str) -> dict[str, str]:
     """filename -> sha256 of what the index's simple page for `project` serves."""
-    page_url = urllib.parse.urljoin(index_url.rstrip("/") + "/", f"{project}/")
+    # urljoin drops the empty segments a URL already ending in "/" gets here.
+    page_url = urllib.parse.urljoin(index_url + "/", f"{project}/")
     page = reader.get(page_url)
     if page is None:
         return {}
