@@ -269,3 +269,20 @@ def test_sha256_of_reads_files_larger_than_one_block(tmp_path: Path) -> None:
     data = os.urandom((1 << 20) + 17)
     (tmp_path / "big").write_bytes(data)
     assert sha256_of(tmp_path / "big") == hashlib.sha256(data).hexdigest()
+
+
+def test_an_entry_is_stored_below_parents_that_do_not_exist_yet(tmp_path: Path) -> None:
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / "a.so").write_bytes(b"a")
+    store_entry(staging, tmp_path / "cache" / "modules" / "key")
+    assert verified_entry(tmp_path / "cache" / "modules" / "key", "w") is not None
+
+
+def test_a_damaged_wheel_entry_is_named_by_what_it_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    entry = entry_with(tmp_path, {"demo-1.0-py3-none-any.whl": b"w"})
+    (entry / "demo-1.0-py3-none-any.whl").write_bytes(b"changed")
+    assert cached_wheel(entry, "flashinfer wheel") is None
+    assert f"cached flashinfer wheel at {entry} does not match" in capsys.readouterr().err

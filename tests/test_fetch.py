@@ -59,28 +59,44 @@ def test_sha256_mismatch_names_file_and_both_hashes(local_index: Path, tmp_path:
     cache = tmp_path / "cache"
     with pytest.raises(UserError) as caught:
         fetch_sdist(pinned, cache)
-    message = str(caught.value)
-    assert "demo-1.0.tar.gz" in message
-    assert "0" * 64 in message and real.sha256 in message
+    assert str(caught.value) == (
+        "sha256 mismatch for demo-1.0.tar.gz (demo==1.0): the index serves a file whose hash "
+        f"is not the pinned one.\n  Expected sha256 {'0' * 64}\n  Got      sha256 {real.sha256}\n"
+        "Nothing of it was kept, unpacked or run. Fix the index, or the pin in pins.toml."
+    )
     # Nothing of the bad download is left in the cache.
     assert not cached_sdist_path(pinned, cache).exists()
     assert [p for p in cache.rglob("*") if p.is_file()] == []
 
 
-def test_corrupt_cache_entry_is_fetched_again(local_index: Path, tmp_path: Path) -> None:
+def test_corrupt_cache_entry_is_fetched_again(
+    local_index: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     upstream = fixture_upstream(local_index / "demo-1.0.tar.gz")
     cache = tmp_path / "cache"
     path = fetch_sdist(upstream, cache)
+    assert capsys.readouterr().err == (
+        "sm120-build: fetching demo-1.0.tar.gz (demo==1.0) through pip's sources\n"
+    )
     path.write_bytes(b"corrupted")
     assert (
         fetch_sdist(upstream, cache).read_bytes() == (local_index / "demo-1.0.tar.gz").read_bytes()
+    )
+    assert capsys.readouterr().err.startswith(
+        f"sm120-build: cached {path} does not match its pin; fetching it again\n"
     )
 
 
 def test_unknown_project_is_a_clear_error(local_index: Path, tmp_path: Path) -> None:
     upstream = replace(fixture_upstream(local_index / "demo-1.0.tar.gz"), project="nope")
-    with pytest.raises(UserError, match=r"no demo-1.0.tar.gz for nope==1.0 in "):
+    with pytest.raises(UserError) as refused:
         fetch_sdist(upstream, tmp_path / "cache")
+    message = str(refused.value)
+    assert message.startswith("no demo-1.0.tar.gz for nope==1.0 in ")
+    assert message.endswith(
+        " (pip's configuration: `pip config list`). Check that pip reaches your package "
+        "index, and the sdist file name in pins.toml."
+    )
 
 
 def test_hostile_sdist_with_the_wrong_hash_never_runs(
@@ -161,6 +177,7 @@ def test_a_pinned_wheel_is_fetched_once_into_its_hash(
     assert fetched.read_bytes() == wheel_links.read_bytes()
     assert "sm120-build: fetching demo_wheel==1.0 through pip\n" in capsys.readouterr().err
     assert sorted(p.name for p in (cache / "wheels").iterdir()) == [digest]  # no scratch left
+    assert [p.name for p in cache.iterdir()] == ["wheels"]
     wheel_links.unlink()  # the second time pip is not asked
     assert fetch_pinned_wheel(pinned(fetched), cache) == fetched
     assert "fetching" not in capsys.readouterr().err
@@ -193,6 +210,63 @@ def test_a_wheel_of_another_hash_is_refused_by_pip_and_nothing_is_kept(
     with pytest.raises(UserError) as refused:
         fetch_pinned_wheel(spec, cache)
     message = str(refused.value)
-    assert message.startswith("pip could not download demo_wheel==1.0:\n")
+    assert message.startswith("pip could not download demo_wheel==1.0:\nERROR: ")  # pip's text
     assert "2" * 64 in message  # pip's own hash report, passed on
     assert list((cache / "wheels").iterdir()) == []
+
+
+def test_a_pinned_requirement_is_never_taken_as_an_sdist(local_index: Path, tmp_path: Path) -> None:
+    """Only wheels: an sdist served under the pinned name and hash would run its setup.py
+    when pip reads its metadata."""
+    marker = tmp_path / "setup-py-ran"
+    hostile = {
+        "PKG-INFO": "Metadata-Version: 2.1\nName: sneaky\nVersion: 1.0\n",
+        "setup.py": f"open({str(marker)!r}, 'w').write('ran')\n"
+        "from setuptools import setup\nsetup(name='sneaky', version='1.0')\n",
+    }
+    make_tarball(local_index / "sneaky-1.0.tar.gz", hostile)
+    digest = hashlib.sha256((local_index / "sneaky-1.0.tar.gz").read_bytes()).hexdigest()
+    with pytest.raises(UserError, match=r"^pip could not download sneaky==1\.0:"):
+        fetch_pinned_wheel(f"sneaky==1.0 --hash=sha256:{digest}", tmp_path / "cache")
+    assert not marker.exists()
+
+
+def simple_index(root: Path, links: list[tuple[str, str]]) -> str:
+    """A PEP 503 tree on disk whose demo page links files by (href, sha256 fragment)."""
+    (root / "simple" / "demo").mkdir(parents=True)
+    (root / "simple" / "demo" / "index.html").write_text(
+        "".join(f'<a href="{href}#sha256={digest}">demo-1.0.tar.gz</a>\n' for href, digest in links)
+    )
+    return (root / "simple").as_uri() + "/"
+
+
+@pytest.fixture
+def index_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in ("PIP_NO_INDEX", "PIP_FIND_LINKS"):
+        monkeypatch.delenv(variable, raising=False)
+
+
+def test_a_link_whose_declared_hash_differs_is_not_even_downloaded(
+    local_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index_only: None
+) -> None:
+    upstream = fixture_upstream(local_index / "demo-1.0.tar.gz")
+    sdist = (local_index / "demo-1.0.tar.gz").as_uri()
+    url = simple_index(tmp_path / "index", [(sdist, "1" * 64), (sdist, "2" * 64)])
+    monkeypatch.setenv("PIP_INDEX_URL", url)
+    with pytest.raises(UserError) as refused:
+        fetch_sdist(upstream, tmp_path / "cache")
+    assert (
+        f"  Expected sha256 {upstream.sha256}\n  Got      sha256 {'1' * 64}\n"
+        f"  Got      sha256 {'2' * 64}\nNothing of it was kept"
+    ) in str(refused.value)
+
+
+def test_the_first_link_with_the_pinned_hash_is_taken(
+    local_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index_only: None
+) -> None:
+    upstream = fixture_upstream(local_index / "demo-1.0.tar.gz")
+    sdist = (local_index / "demo-1.0.tar.gz").as_uri()
+    url = simple_index(tmp_path / "index", [(sdist, "1" * 64), (sdist, upstream.sha256)])
+    monkeypatch.setenv("PIP_INDEX_URL", url)
+    path = fetch_sdist(upstream, tmp_path / "deep" / "cache")
+    assert path.read_bytes() == (local_index / "demo-1.0.tar.gz").read_bytes()

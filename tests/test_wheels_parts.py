@@ -63,6 +63,13 @@ def test_a_changed_executable_bit_is_another_labelled_version(tmp_path: Path) ->
         labelled = finalize_wheel(wheel, directory, {}, None, True)
         versions.append(labelled.name.split("-")[1])
     assert versions[0] == versions[2] != versions[1]
+    directory = tmp_path / "others-only"
+    directory.mkdir()
+    others = finalize_wheel(
+        wheel_with_modes(directory, {"demo/tool": 0o641}), directory, {}, None, True
+    )
+    assert others.name.split("-")[1] == versions[1]  # executable for anyone is executable
+    assert modes_of(others)["demo/tool"] == 0o100755
     assert versions[0].startswith("1.0+c")  # no local part yet: "+" starts it
 
 
@@ -183,7 +190,9 @@ def test_auditwheel_failing_to_classify_is_named(tmp_path: Path) -> None:
     pure = finalize_wheel(demo_wheel(tmp_path), tmp_path / "out", {})
     with pytest.raises(UserError) as refused:
         manylinux_tag(pure)
-    assert str(refused.value).startswith(f"auditwheel could not classify {pure.name}:\n")
+    message = str(refused.value)
+    assert message.startswith(f"auditwheel could not classify {pure.name}:\n")
+    assert message.rstrip().endswith("found in the wheel archive")  # auditwheel's own words
 
 
 def test_pip_wheel_runs_without_isolation_or_dependencies(tmp_path: Path) -> None:
@@ -228,3 +237,48 @@ def test_the_upstream_record_names_the_sdist_and_each_patch_in_order(tmp_path: P
             for name in ("0001-first.patch", "0002-second.patch")
         ],
     }
+
+
+def test_a_source_wheels_record_does_not_change_the_label(tmp_path: Path) -> None:
+    """RECORD is rewritten anyway: two wheels that differ only there are the same wheel."""
+    labels = []
+    for number, record in enumerate((b"", b"demo/tool,sha256=stale,1\n")):
+        directory = tmp_path / str(number)
+        directory.mkdir()
+        wheel = wheel_with_modes(directory, {"demo/tool": 0o644})
+        with zipfile.ZipFile(wheel, "a") as archive:
+            archive.writestr("demo-1.0.dist-info/RECORD", record)
+        labels.append(finalize_wheel(wheel, directory, {}, None, True).read_bytes())
+    assert labels[0] == labels[1]
+
+
+def test_requirements_are_sorted_by_file_name_wherever_the_wheels_lie(tmp_path: Path) -> None:
+    wheels = []
+    for directory, name in (
+        ("a", "zeta_pkg-2.0-py3-none-any.whl"),
+        ("b", "alpha_pkg-1.0-py3-none-any.whl"),
+    ):
+        (tmp_path / directory).mkdir()
+        (tmp_path / directory / name).write_bytes(name.encode())
+        wheels.append(tmp_path / directory / name)
+    lines = requirement_lines(wheels, []).splitlines()
+    assert [line.split("==")[0] for line in lines if "==" in line] == ["alpha-pkg", "zeta-pkg"]
+
+
+def test_a_failing_assembly_after_a_killed_swap_leaves_the_old_wheelhouse_back(
+    tmp_path: Path,
+) -> None:
+    old = tmp_path / ".wheelhouse-old-abc"
+    (old / "wheelhouse").mkdir(parents=True)
+    (old / "wheelhouse" / "kept.whl").write_text("old")
+    wheelhouse = tmp_path / "wheelhouse"
+    with pytest.raises(FileNotFoundError):
+        assemble_wheelhouse([tmp_path / "absent-1.0-py3-none-any.whl"], [], wheelhouse)
+    assert [p.name for p in wheelhouse.iterdir()] == ["kept.whl"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".wheelhouse-")]
+
+
+def test_a_failing_first_assembly_raises_its_own_error_and_leaves_nothing(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"absent-1\.0-py3-none-any\.whl"):
+        assemble_wheelhouse([tmp_path / "absent-1.0-py3-none-any.whl"], [], tmp_path / "wheelhouse")
+    assert list(tmp_path.iterdir()) == []

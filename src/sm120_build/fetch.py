@@ -69,8 +69,7 @@ def fetch_pinned_wheel(spec: str, cache: Path) -> Path:
         found = sorted(entry.glob("*.whl")) if entry.is_dir() else []
         if len(found) == 1 and sha256_of(found[0]) == digest:
             return found[0]
-    cache.joinpath("wheels").mkdir(parents=True, exist_ok=True)
-    with scratch_directory(cache / "wheels", "download") as scratch:
+    with scratch_directory(cache / "wheels", "download") as scratch:  # makes cache/wheels
         say(f"fetching {match['requirement']} through pip")
         (scratch / "requirements.txt").write_text(f"{spec.strip()}\n")
         result = pip_download(
@@ -126,9 +125,8 @@ def fetch_sdist(upstream: Upstream, sdists: Path) -> Path:
             f"{sources.describe()} (pip's configuration: `pip config list`). Check that pip "
             "reaches your package index, and the sdist file name in pins.toml."
         )
-    sdists.mkdir(parents=True, exist_ok=True)
     mismatches: list[str] = []
-    with scratch_directory(sdists, "download") as scratch:
+    with scratch_directory(sdists, "download") as scratch:  # makes sdists/
         for link in links:
             if link.sha256 is not None and link.sha256 != upstream.sha256:
                 mismatches.append(link.sha256)  # the index says so: not even downloaded
