@@ -4,6 +4,7 @@ times, requirements.txt byte for byte, the wheelhouse's leftovers and mode, prov
 from __future__ import annotations
 
 import hashlib
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -15,6 +16,7 @@ from sm120_build.pins import Companion, Upstream
 from sm120_build.wheels import (
     DEFAULT_EPOCH,
     assemble_wheelhouse,
+    build_python_wheel,
     finalize_wheel,
     manylinux_tag,
     pip_wheel_command,
@@ -282,3 +284,66 @@ def test_a_failing_first_assembly_raises_its_own_error_and_leaves_nothing(tmp_pa
     with pytest.raises(FileNotFoundError, match=r"absent-1\.0-py3-none-any\.whl"):
         assemble_wheelhouse([tmp_path / "absent-1.0-py3-none-any.whl"], [], tmp_path / "wheelhouse")
     assert list(tmp_path.iterdir()) == []
+
+
+def git_tree(root: Path, files: dict[str, str]) -> Path:
+    """A committed git work tree holding `files`, as vendor/NAME is."""
+    root.mkdir()
+    for name, text in files.items():
+        (root / name).write_text(text)
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "tree"], check=True)
+    return root
+
+
+PYPROJECT = (
+    '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n\n'
+    '[project]\nname = "treepkg"\nversion = "1.0"\n'
+)
+
+
+def test_a_python_wheel_is_built_from_the_trees_head_outside_any_repository(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree = git_tree(tmp_path / "treepkg", {"pyproject.toml": PYPROJECT, "treepkg.py": "X = 1\n"})
+    (tree / "treepkg.py").write_text("X = 'uncommitted'\n")  # HEAD is built, not the work tree
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    seen: list[Path] = []
+
+    def prepare(stage: Path) -> None:
+        seen.append(stage)
+        assert not (stage / ".git").exists()
+        (stage / "added.txt").write_text("prepared\n")
+
+    (tmp_path / "out").mkdir()
+    wheel = build_python_wheel(tree, tmp_path / "out", {"TREEPKG_FLAG": "1"}, prepare)
+    assert wheel == tmp_path / "out" / "treepkg-1.0-py3-none-any.whl"
+    assert seen and seen[0].name == "treepkg" and not seen[0].exists()  # scratch removed
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read("treepkg.py") == b"X = 1\n"
+        assert {info.date_time for info in archive.infolist()} == {(2023, 11, 14, 22, 13, 20)}
+    err = capsys.readouterr().err
+    assert "sm120-build: building the treepkg wheel ...\n" in err
+    assert "sm120-build: building the treepkg wheel: done in " in err
+
+
+def test_a_python_wheel_that_fails_to_build_says_why(tmp_path: Path) -> None:
+    broken = PYPROJECT.replace('version = "1.0"', 'version = "not a version"')
+    tree = git_tree(tmp_path / "treepkg", {"pyproject.toml": broken, "treepkg.py": ""})
+    (tmp_path / "out").mkdir()
+    with pytest.raises(UserError) as refused:
+        build_python_wheel(tree, tmp_path / "out", {})
+    message = str(refused.value)
+    assert message.startswith("building the treepkg wheel failed:\n")
+    assert "not a version" in message
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_build_that_leaves_two_wheels_is_refused(tmp_path: Path) -> None:
+    tree = git_tree(tmp_path / "treepkg", {"pyproject.toml": PYPROJECT, "treepkg.py": ""})
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "stale-0.1-py3-none-any.whl").write_bytes(b"old")
+    with pytest.raises(UserError, match=r"^expected one wheel from treepkg, found \["):
+        build_python_wheel(tree, tmp_path / "out", {})
