@@ -19,6 +19,7 @@ from packaging.utils import canonicalize_name
 
 from sm120_build.pins import Upstream
 from sm120_build.pins import load as load_pins
+from sm120_build.wheels import assemble_wheelhouse, finalize_wheel
 
 REPO = Path(__file__).resolve().parents[1]
 PINS_TOOLKIT = load_pins(REPO / "pins.toml").toolkit_requirement
@@ -199,4 +200,50 @@ def vendored_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = fresh_root(tmp_path_factory.mktemp("vendored"))
     env = dict(os.environ, SM120_CACHE_DIR=str(root / ".cache"))
     subprocess.run([sys.executable, "-m", "sm120_build", "vendor"], cwd=root, env=env, check=True)
+    return root
+
+
+# Small wheels and a project whose wheelhouse holds two, for the publishing tests.
+
+
+def small_wheel(
+    directory: Path, name: str, version: str, payload: str = "", requires: tuple[str, ...] = ()
+) -> Path:
+    metadata = (
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: test\n"
+        + "".join(f"Requires-Dist: {requirement}\n" for requirement in requires)
+        + "Description-Content-Type: text/plain\n\nA test wheel.\n"
+    )
+    raw = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(raw, "w") as archive:
+        archive.writestr(f"{name}/__init__.py", payload)
+        archive.writestr(f"{name}-{version}.dist-info/METADATA", metadata)
+        archive.writestr(
+            f"{name}-{version}.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+    (directory / "final").mkdir(exist_ok=True)
+    return finalize_wheel(raw, directory / "final", {})
+
+
+def wheel_in(links: Path, name: str, version: str, payload: str = "") -> Path:
+    """A small wheel in a find-links directory (as pip's only configured source serves)."""
+    links.mkdir(exist_ok=True)
+    built = small_wheel(links, name, version, payload)
+    return Path(shutil.move(built, links / built.name))
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A project root whose wheelhouse holds two small wheels."""
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy(REPO / "pins.toml", root)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    wheels = [
+        small_wheel(scratch, "alpha_pkg", "1.0+sm120.pabc12345"),
+        small_wheel(scratch, "beta_pkg", "2.0"),
+    ]
+    assemble_wheelhouse(wheels, [], root / "wheelhouse")
     return root

@@ -9,8 +9,7 @@ import pytest
 from sm120_build.errors import UserError
 from sm120_build.fetch import cached_sdist_path, fetch_pinned_wheel, fetch_sdist
 
-from .conftest import fixture_upstream, make_tarball
-from .test_publish import wheel_in
+from .conftest import fixture_upstream, make_tarball, wheel_in
 
 SETUP = {
     "PKG-INFO": "Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",

@@ -16,8 +16,8 @@ from sm120_build.node_lock import Target, parse_pins, platform_of
 from sm120_build.sums import checked_wheels
 from sm120_build.wheels import assemble_wheelhouse
 
-from .conftest import REPO, installed_versions
-from .test_publish import hash_checked_install, small_wheel, wheel_in
+from .conftest import REPO, installed_versions, small_wheel, wheel_in
+from .test_publish import hash_checked_install
 
 pytestmark = pytest.mark.slow  # fresh virtual environments, real uv and pip
 
