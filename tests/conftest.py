@@ -11,13 +11,13 @@ import subprocess
 import sys
 import tarfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 from packaging.utils import canonicalize_name
 
-from sm120_build.pins import Upstream
+from sm120_build.pins import Companion, Upstream
 from sm120_build.pins import load as load_pins
 from sm120_build.wheels import assemble_wheelhouse, finalize_wheel
 
@@ -207,12 +207,18 @@ def vendored_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def small_wheel(
-    directory: Path, name: str, version: str, payload: str = "", requires: tuple[str, ...] = ()
+    directory: Path,
+    name: str,
+    version: str,
+    payload: str = "",
+    requires: tuple[str, ...] = (),
+    description: tuple[str, str] = ("text/plain", "A test wheel.\n"),
 ) -> Path:
+    """A finalized pure wheel; `description` is its long description's (type, text)."""
     metadata = (
         f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: test\n"
         + "".join(f"Requires-Dist: {requirement}\n" for requirement in requires)
-        + "Description-Content-Type: text/plain\n\nA test wheel.\n"
+        + f"Description-Content-Type: {description[0]}\n\n{description[1]}"
     )
     raw = directory / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(raw, "w") as archive:
@@ -233,17 +239,24 @@ def wheel_in(links: Path, name: str, version: str, payload: str = "") -> Path:
     return Path(shutil.move(built, links / built.name))
 
 
+def wheelhouse_project(
+    root: Path, wheels: list[Path], companions: Sequence[Companion] = ()
+) -> Path:
+    """A project root holding this repo's pins.toml and a wheelhouse of `wheels`, as
+    `build_wheels` leaves one for publish and lock_node."""
+    root.mkdir(parents=True)
+    shutil.copy(REPO / "pins.toml", root)
+    assemble_wheelhouse(wheels, list(companions), root / "wheelhouse")
+    return root
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A project root whose wheelhouse holds two small wheels."""
-    root = tmp_path / "project"
-    root.mkdir()
-    shutil.copy(REPO / "pins.toml", root)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     wheels = [
         small_wheel(scratch, "alpha_pkg", "1.0+sm120.pabc12345"),
         small_wheel(scratch, "beta_pkg", "2.0"),
     ]
-    assemble_wheelhouse(wheels, [], root / "wheelhouse")
-    return root
+    return wheelhouse_project(tmp_path / "project", wheels)

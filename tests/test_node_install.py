@@ -19,9 +19,8 @@ from typing import Any
 import pytest
 
 from sm120_build.pins import load as load_pins
-from sm120_build.wheels import assemble_wheelhouse
 
-from .conftest import REPO
+from .conftest import REPO, wheelhouse_project
 from .test_build_e2e import node_check
 from .test_publish import hash_checked_install, index, publish  # noqa: F401 (index: a fixture)
 
@@ -31,17 +30,13 @@ pytestmark = pytest.mark.slow  # a real build, a real index server, fresh venvs
 @pytest.fixture
 def flashinfer_project(built_project: Path, tmp_path: Path) -> Path:
     """The built wheelhouse less the sglang wheel, requirements.txt written again for it."""
-    root = tmp_path / "project"
-    root.mkdir()
-    shutil.copy(REPO / "pins.toml", root)
     wheels = [
         path
         for path in (built_project / "wheelhouse").glob("*.whl")
         if not path.name.startswith("sglang-")
     ]
     companions = list(load_pins(REPO / "pins.toml").companions.values())
-    assemble_wheelhouse(wheels, companions, root / "wheelhouse")
-    return root
+    return wheelhouse_project(tmp_path / "project", wheels, companions)
 
 
 def fresh_venv(where: Path) -> Path:

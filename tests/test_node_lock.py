@@ -14,9 +14,8 @@ import pytest
 
 from sm120_build.node_lock import Target, parse_pins, platform_of
 from sm120_build.sums import checked_wheels
-from sm120_build.wheels import assemble_wheelhouse
 
-from .conftest import REPO, installed_versions, small_wheel, wheel_in
+from .conftest import installed_versions, small_wheel, wheel_in, wheelhouse_project
 from .test_publish import hash_checked_install
 
 pytestmark = pytest.mark.slow  # fresh virtual environments, real uv and pip
@@ -28,9 +27,6 @@ def closure(tmp_path: Path) -> dict[str, Path]:
     directory, pip's only configured source, that serves gamma."""
     links = tmp_path / "links"
     wheel_in(links, "gamma_pkg", "3.0")
-    root = tmp_path / "project"
-    root.mkdir()
-    shutil.copy(REPO / "pins.toml", root)
     (tmp_path / "scratch").mkdir()
     wheels = [
         small_wheel(
@@ -38,7 +34,7 @@ def closure(tmp_path: Path) -> dict[str, Path]:
         ),
         small_wheel(tmp_path / "scratch", "beta_pkg", "2.0"),
     ]
-    assemble_wheelhouse(wheels, [], root / "wheelhouse")
+    root = wheelhouse_project(tmp_path / "project", wheels)
     return {"root": root, "links": links, "tmp": tmp_path}
 
 

@@ -13,7 +13,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,9 +25,8 @@ from sm120_build import publish as publish_module
 from sm120_build.cache import sha256_of
 from sm120_build.pins import Companion
 from sm120_build.publish import LocalWheel, local_wheels, write_static_index
-from sm120_build.wheels import assemble_wheelhouse, finalize_wheel
 
-from .conftest import REPO, installed_versions, small_wheel, wheel_in
+from .conftest import REPO, installed_versions, small_wheel, wheel_in, wheelhouse_project
 
 PASSWORD = "correct-horse-battery-4711"
 
@@ -202,14 +200,13 @@ def test_the_companions_requirements_txt_pins_are_published_too(tmp_path: Path, 
     proxy the public one must serve it too, or the node's install fails on it."""
     links = tmp_path / "links"
     companion = wheel_in(links, "gamma_pkg", "3.0")
-    root = tmp_path / "project-with-companion"
-    root.mkdir()
-    shutil.copy(REPO / "pins.toml", root)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     real = hashlib.sha256((links / companion.name).read_bytes()).hexdigest()
     pin = Companion("gamma-pkg", "3.0", ("0" * 64, real))  # pip takes a file of either hash
-    assemble_wheelhouse([small_wheel(scratch, "alpha_pkg", "1.0")], [pin], root / "wheelhouse")
+    root = wheelhouse_project(
+        tmp_path / "project-with-companion", [small_wheel(scratch, "alpha_pkg", "1.0")], [pin]
+    )
     env_result = publish(
         root, "--repository-url", index.upload, "--index-url", index.simple, find_links=links
     )
@@ -364,23 +361,9 @@ def test_a_url_that_is_not_http_is_refused_by_its_option(
 def test_a_wheel_twine_check_rejects_stops_the_run_with_twines_words(
     tmp_path: Path, index: Any
 ) -> None:
-    root = tmp_path / "project"
-    root.mkdir()
-    shutil.copy(REPO / "pins.toml", root)
-    raw = tmp_path / "delta_pkg-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(raw, "w") as archive:  # reStructuredText that does not render
-        archive.writestr("delta_pkg/__init__.py", "")
-        archive.writestr(
-            "delta_pkg-1.0.dist-info/METADATA",
-            "Metadata-Version: 2.1\nName: delta_pkg\nVersion: 1.0\n"
-            "Description-Content-Type: text/x-rst\n\n.. broken:: directive\n\n`unclosed\n",
-        )
-        archive.writestr(
-            "delta_pkg-1.0.dist-info/WHEEL",
-            "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-        )
-    (tmp_path / "final").mkdir()
-    assemble_wheelhouse([finalize_wheel(raw, tmp_path / "final", {})], [], root / "wheelhouse")
+    broken_rst = ("text/x-rst", ".. broken:: directive\n\n`unclosed\n")  # does not render
+    wheel = small_wheel(tmp_path, "delta_pkg", "1.0", description=broken_rst)
+    root = wheelhouse_project(tmp_path / "project", [wheel])
     result = publish(root, "--repository-url", index.upload, "--index-url", index.simple)
     assert result.returncode == 1
     assert "error: twine check failed:\n" in result.stderr

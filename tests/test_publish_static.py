@@ -10,7 +10,7 @@ from pathlib import Path
 from sm120_build.publish import write_static_index
 from sm120_build.wheels import assemble_wheelhouse
 
-from .conftest import REPO, small_wheel
+from .conftest import small_wheel, wheelhouse_project
 from .test_publish import fresh_install, publish, required_versions
 
 
@@ -35,11 +35,9 @@ def test_static_index_merges_and_keeps_what_was_there(project: Path, tmp_path: P
     earlier = sorted(p.name for p in (static / "packages").iterdir())
 
     # A newer alpha build joins the earlier one instead of replacing the tree.
-    newer = tmp_path / "newer"
-    (newer / "scratch").mkdir(parents=True)
-    shutil.copy(REPO / "pins.toml", newer)
-    newer_wheel = small_wheel(newer / "scratch", "alpha_pkg", "1.1")
-    assemble_wheelhouse([newer_wheel], [], newer / "wheelhouse")
+    (tmp_path / "newer-scratch").mkdir()
+    newer_wheel = small_wheel(tmp_path / "newer-scratch", "alpha_pkg", "1.1")
+    newer = wheelhouse_project(tmp_path / "newer", [newer_wheel])
     assert publish(newer, "--static", str(static)).returncode == 0
     names = sorted(p.name for p in (static / "packages").iterdir())
     assert set(earlier) < set(names)
