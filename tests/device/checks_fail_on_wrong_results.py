@@ -21,7 +21,7 @@ from sm120_build.node.serving import FAIL, PASS, attention, elementwise, mask
 def perturbed(function: Any, where: Any) -> Any:
     def wrong(*args: Any, **kwargs: Any) -> Any:
         out = function(*args, **kwargs)
-        target = where(out, args)
+        target = where(out)
         flat = target.view(-1)
         if target.is_floating_point():
             flat[flat.numel() // 3] += 0.5  # one element of thousands, off by half a unit
@@ -39,69 +39,85 @@ attention_modules = [m for m, r in provenance["modules"].items() if r.startswith
 norm_modules = [m for m, r in provenance["modules"].items() if r == "norm"]
 quantization_modules = [m for m, r in provenance["modules"].items() if r == "quantization"]
 failures = 0
-CASES: list[tuple[str, Any, str, Any, Any]] = [
+
+
+def whole(out: Any) -> Any:
+    return out
+
+
+def rows(check: Any, modules: list[str], keep: Any) -> list[Any]:
+    """The rows of a family's check that `keep` selects by case; none where the wheel has no
+    module of that family (the d64 build has no norm, no MLA, no mask packer)."""
+    return [r for r in check(modules) if keep(r.case)] if modules else []
+
+
+# (label, owner, entry point, which output to perturb, check, its modules, which cases)
+CASES: list[tuple[str, Any, str, Any, Any, list[str], Any]] = [
     (
         "norm rmsnorm",
         flashinfer.norm,
         "rmsnorm",
-        lambda out, args: out,
-        lambda: (
-            [r for r in elementwise.norm(norm_modules) if r.case.startswith("rmsnorm/")]
-            if norm_modules
-            else []
-        ),
+        whole,
+        elementwise.norm,
+        norm_modules,
+        lambda case: case.startswith("rmsnorm/"),
     ),
     (
         "attention paged prefill",
         flashinfer.BatchPrefillWithPagedKVCacheWrapper,
         "run",
-        lambda out, args: out,
-        lambda: [r for r in attention.check(attention_modules) if r.case.startswith("paged")],
+        whole,
+        attention.check,
+        attention_modules,
+        lambda case: case.startswith("paged"),
     ),
     (
         "attention decode",
         flashinfer.BatchDecodeWithPagedKVCacheWrapper,
         "run",
-        lambda out, args: out,
-        lambda: [r for r in attention.check(attention_modules) if r.case.startswith("decode")],
+        whole,
+        attention.check,
+        attention_modules,
+        lambda case: case.startswith("decode"),
     ),
     (
         "attention MLA",
         flashinfer.mla.BatchMLAPagedAttentionWrapper,
         "run",
-        lambda out, args: out,
-        lambda: [r for r in attention.check(attention_modules) if r.case.startswith("mla/")],
+        whole,
+        attention.check,
+        attention_modules,
+        lambda case: case.startswith("mla/"),
+    ),
+    (
+        "quantization packbits",
+        flashinfer,
+        "packbits",
+        whole,
+        mask.check,
+        quantization_modules,
+        lambda case: case.startswith("packbits"),
+    ),
+    (
+        "quantization segment_packbits",
+        flashinfer,
+        "segment_packbits",
+        lambda out: out[0],  # (packed bits, their indptr)
+        mask.check,
+        quantization_modules,
+        lambda case: case == "segment_packbits/little",
     ),
 ]
-if quantization_modules:  # the speculative-decoding mask packer, where the wheel has it
-    CASES += [
-        (
-            "quantization packbits",
-            flashinfer,
-            "packbits",
-            lambda out, args: out,
-            lambda: [r for r in mask.check(quantization_modules) if r.case.startswith("packbits")],
-        ),
-        (
-            "quantization segment_packbits",
-            flashinfer,
-            "segment_packbits",
-            lambda out, args: out[0],
-            lambda: [
-                r for r in mask.check(quantization_modules) if r.case == "segment_packbits/little"
-            ],
-        ),
-    ]
 checked = 0
-for label, owner, name, where, run in CASES:
-    right = run()
-    if not right:  # a wheel without this family's modules (the d64 build has no norm, no MLA)
+for label, owner, name, where, check, modules, keep in CASES:
+    right = rows(check, modules, keep)
+    if not right:
         print(f"{label}: no such module in this wheel, not checked")
         continue
     original = getattr(owner, name)
     setattr(owner, name, perturbed(original, where))
     try:
-        wrong = run()
+        wrong = rows(check, modules, keep)
     finally:
         setattr(owner, name, original)
     bad = sum(r.status == FAIL for r in wrong)
