@@ -85,15 +85,22 @@ def cuda_versions(toolkit: dict[str, Any] | None, gpu: bool) -> list[str]:
         raw = pynvml.nvmlSystemGetCudaDriverVersion()  # e.g. 13000 for CUDA 13.0
         driver = (raw // 1000, raw % 1000 // 10)
         line += f", driver supports {driver[0]}.{driver[1]}"
-        wanted = tuple(int(part) for part in built.split(".")[:2]) if built != "?" else (0, 0)
-        if driver < wanted:
-            problems.append(
-                f"the jit-cache was built with CUDA {built}, which this driver (CUDA "
-                f"{driver[0]}.{driver[1]}) cannot run: install a driver for CUDA {built} "
-                "(>= 580 for 13.0), or use a jit-cache built with --cuda-home for your CUDA"
-            )
+        problems += driver_problems(built, driver)
     print(line)
     return problems
+
+
+def driver_problems(built: str, driver: tuple[int, int]) -> list[str]:
+    """A driver supports the CUDA of its own version and every earlier one; "?" (a jit-cache
+    that records no toolkit) asks for nothing."""
+    wanted = tuple(int(part) for part in built.split(".")[:2]) if built != "?" else (0, 0)
+    if driver >= wanted:
+        return []
+    return [
+        f"the jit-cache was built with CUDA {built}, which this driver (CUDA "
+        f"{driver[0]}.{driver[1]}) cannot run: install a driver for CUDA {built} "
+        "(>= 580 for 13.0), or use a jit-cache built with --cuda-home for your CUDA"
+    ]
 
 
 def device_arch(requested: str | None) -> tuple[int, int, str]:
