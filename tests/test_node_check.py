@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from sm120_build.node.check import driver_problems, main
+from sm120_build.node.check import driver_cuda, driver_problems, main
 
 # The check reports torch's CUDA and, without --arch, asks torch for the GPU.
 pytest.importorskip("torch", reason="the node check needs torch (nox -s tests installs it)")
@@ -78,7 +78,8 @@ def load(compile=False):
         "pdl": utils.is_arch_support_pdl(),
     })
     if compile:
-        Path(os.environ["TVM_FFI_CACHE_DIR"], "sgl_kernel_jit_probe").mkdir()
+        for name in ("sgl_kernel_jit_probe", "sgl_kernel_jit_probe_2"):
+            Path(os.environ["TVM_FFI_CACHE_DIR"], name).mkdir()
     return object()
 
 def nothing():
@@ -336,8 +337,9 @@ def test_every_flashinfer_module_is_loaded_and_each_failure_named(
     assert summary.startswith(
         "  7 of 11 modules of 8 recipes loaded prebuilt, 4 did not (1 would JIT-compile); "
     )
-    slowest = summary.split("slowest: ")[1].split(", ")
-    assert len(slowest) == 5 and slowest[0].startswith("slow 0.0")
+    total, slowest = summary.split("JIT-compile); ")[1].split(" s; slowest: ")
+    assert 0.05 <= float(total) < 60
+    assert re.fullmatch(r"slow 0\.\d{3} s(, [a-f] 0\.\d{3} s){4}", slowest)
     for problem in report["problems"]:
         assert f"  FAIL {problem}" in output.splitlines()
 
@@ -400,7 +402,8 @@ def test_sglangs_kernels_load_with_jit_off_nvcc_hidden_and_an_empty_cache(
     status, _, report = run(tmp_path, capsys, "--arch", "9.0")
     assert status == 1
     assert report["problems"] == [
-        "sglang_compiles: sglang compiled sgl_kernel_jit_probe with tvm-ffi",
+        "sglang_compiles: sglang compiled sgl_kernel_jit_probe, sgl_kernel_jit_probe_2 with "
+        "tvm-ffi",
         "sglang_none: sglang's loader gave no module",
         "sglang_broken: sglang's kernel does not load prebuilt: nvcc is not on PATH",
     ]
@@ -410,6 +413,7 @@ def test_sglangs_kernels_load_with_jit_off_nvcc_hidden_and_an_empty_cache(
     assert [r for r in recipes if results[r]["loaded"]] == ["sglang_ok"]
     assert [r for r in recipes if results[r]["aot"]] == ["sglang_ok"]
     assert [r for r in recipes if "load_seconds" in results[r]] == ["sglang_ok", "sglang_compiles"]
+    assert all(0 <= results[r]["load_seconds"] < 60 for r in ("sglang_ok", "sglang_compiles"))
     assert report["jit_compiles"] == 3  # every sglang kernel that did not load
     seen = sys.modules["sglang.jit_kernel.probe"].seen
     assert len(seen) == 2
@@ -425,7 +429,7 @@ def test_sglangs_kernels_load_with_jit_off_nvcc_hidden_and_an_empty_cache(
     assert os.environ["TVM_FFI_CACHE_DIR"] == str(tmp_path / "node-cache")
 
 
-def test_an_unset_tvm_ffi_cache_is_left_unset(
+def test_an_unset_tvm_ffi_cache_and_path_are_left_unset(
     site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_tree(
@@ -435,19 +439,23 @@ def test_an_unset_tvm_ffi_cache_is_left_unset(
             "sglang/jit_kernel/probe.py": SGLANG_PROBE,
         },
     )
-    monkeypatch.setenv("TVM_FFI_CACHE_DIR", "")
-    monkeypatch.delenv("TVM_FFI_CACHE_DIR")
+    for name in ("TVM_FFI_CACHE_DIR", "PATH"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     node(site, {"sglang_ok": "sglang.jit_kernel.probe:load()"}, archs=("8.0",))
     assert run(tmp_path, capsys, "--arch", "8.6")[0] == 0
-    assert "TVM_FFI_CACHE_DIR" not in os.environ
-    assert sys.modules["sglang.jit_kernel.probe"].seen[0]["pdl"] is False  # no PDL before sm_90
+    assert "TVM_FFI_CACHE_DIR" not in os.environ and "PATH" not in os.environ
+    (seen,) = sys.modules["sglang.jit_kernel.probe"].seen
+    assert seen["PATH"] == ""  # an unset PATH holds no nvcc
+    assert seen["pdl"] is False  # no PDL before sm_90
 
 
 def test_a_driver_older_than_the_toolkit_is_named() -> None:
     assert driver_problems("13.0", (13, 0)) == []
     assert driver_problems("13.0", (13, 1)) == []
     assert driver_problems("12.8", (13, 0)) == []
-    assert driver_problems("?", (11, 0)) == []
+    assert driver_problems("13.0.2", (13, 0)) == []  # a driver's version has no patch level
+    assert driver_problems("?", (0, 0)) == []  # a jit-cache that records no toolkit
     (problem,) = driver_problems("13.0", (12, 9))
     assert problem == (
         "the jit-cache was built with CUDA 13.0, which this driver (CUDA 12.9) cannot run: "
@@ -461,6 +469,12 @@ def test_a_driver_older_than_the_toolkit_is_named() -> None:
     ]
 
 
+def test_the_drivers_cuda_version_is_read_as_nvml_gives_it() -> None:
+    assert driver_cuda(13000) == (13, 0)
+    assert driver_cuda(12090) == (12, 9)
+    assert driver_cuda(11080) == (11, 8)
+
+
 def test_main_without_a_gpu_or_arch_says_what_to_pass(
     site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -472,3 +486,70 @@ def test_main_without_a_gpu_or_arch_says_what_to_pass(
     status, output, _ = run(tmp_path, capsys)
     assert status == 1
     assert output == "error: no CUDA GPU is visible; on a machine without one, pass --arch 12.0\n"
+
+
+def test_the_report_is_indented_json(
+    site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node(site, archs=("12.0f", "12.1a"))
+    status, output, report = run(tmp_path, capsys, "--arch", "12.1")
+    assert status == 0
+    assert f"jit-cache {VERSION} (12.0f, 12.1a)" in output
+    assert (tmp_path / "report.json").read_text() == json.dumps(report, indent=2) + "\n"
+
+
+def test_an_unreadable_provenance_is_named(
+    site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node(site)
+    (site / f"flashinfer_python-{VERSION}.dist-info" / "sm120-build.json").write_text("{")
+    status, output, _ = run(tmp_path, capsys, "--arch", "12.0")
+    assert status == 1
+    assert output.startswith(
+        f"error: flashinfer-python {VERSION}: its sm120-build.json is not valid JSON ("
+    )
+    assert output.endswith("); reinstall the wheel from the wheelhouse\n")
+
+
+def test_an_unexpected_error_is_one_line_unless_verbose(
+    site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A provenance without the toolkit entry: not a state this tool makes."""
+    installed(site, "flashinfer-jit-cache", VERSION, {"archs": ["12.0f"], "patches": PATCHES})
+    installed(site, "flashinfer-python", VERSION, {"patches": PATCHES})
+    status, output, _ = run(tmp_path, capsys, "--arch", "12.0")
+    assert status == 2
+    assert output.startswith("error: unexpected KeyError: 'toolkit'\n")
+    with pytest.raises(KeyError, match="toolkit"):
+        main(["--arch", "12.0", "--verbose"])
+
+
+def test_install_from_a_directory_that_is_not_a_wheelhouse_installs_nothing(
+    site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node(site)
+    (tmp_path / "empty").mkdir()
+    status, output, report = run(tmp_path, capsys, "--install", str(tmp_path / "empty"))
+    assert status == 1 and report is None
+    assert output.startswith(f"error: {tmp_path / 'empty'}")
+
+
+def test_help_names_every_option_and_what_it_does(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.startswith(
+        "usage: node_check [-h] [--arch MAJOR.MINOR] [--profile NAME] [--json JSON] "
+        "[--install DIR] [--verbose] `sm120-node-check` (or `nox -s node_check` from a "
+        "checkout): on a serving node, prove that FlashInfer and sglang will not JIT-compile."
+    )
+    for option, says in {
+        "--arch MAJOR.MINOR": "check for this GPU arch instead of the GPU's",
+        "--profile NAME": "check this profile of profiles.toml instead of what the wheel was "
+        "built from",
+        "--json JSON": "also write the findings to this file",
+        "--install DIR": "first install DIR's wheels into this Python",
+        "--verbose": "show the traceback of an unexpected error",
+    }.items():
+        assert f"{option} {says}" in text

@@ -92,8 +92,15 @@ def sglang_kernels(call: str) -> list[tuple[str, dict[str, Any]]]:
         build_ninja=lambda build_dir: written.append(Path(build_dir)),
         load_module=lambda *args, **kwargs: None,  # nothing was built to load
     )
+    # Patch 0003 has the loader return a prebuilt module from flashinfer-jit-cache when the
+    # importable Python has one, and then it writes nothing: a jit-cache installed where the
+    # build runs would drop its kernels from the next one. The render asks what sglang would
+    # compile, so that lookup finds no jit-cache (None in sys.modules: ImportError).
+    sys.modules["flashinfer_jit_cache"] = None  # type: ignore[assignment]
     major = int(os.environ["TVM_FFI_CUDA_ARCH_LIST"].split()[0].split(".")[0])
     evaluate(call, major)
+    if not written:
+        raise SystemExit(f"{call}: sglang's loader wrote no module to compile")
     kernels = []
     for build_dir in written:
         ninja = (build_dir / "build.ninja").read_text()

@@ -47,7 +47,13 @@ def provenance(distribution: str) -> dict[str, Any]:
         raise UserError(
             f"{distribution} {dist.version} was not built by sm120-build (no {PROVENANCE_FILE})"
         )
-    data: dict[str, Any] = json.loads(text)
+    try:
+        data: dict[str, Any] = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(
+            f"{distribution} {dist.version}: its {PROVENANCE_FILE} is not valid JSON ({exc}); "
+            "reinstall the wheel from the wheelhouse"
+        ) from None
     return data
 
 
@@ -82,12 +88,16 @@ def cuda_versions(toolkit: dict[str, Any] | None, gpu: bool) -> list[str]:
         import pynvml  # nvidia-ml-py, which FlashInfer requires
 
         pynvml.nvmlInit()
-        raw = pynvml.nvmlSystemGetCudaDriverVersion()  # e.g. 13000 for CUDA 13.0
-        driver = (raw // 1000, raw % 1000 // 10)
+        driver = driver_cuda(pynvml.nvmlSystemGetCudaDriverVersion())
         line += f", driver supports {driver[0]}.{driver[1]}"
         problems += driver_problems(built, driver)
     print(line)
     return problems
+
+
+def driver_cuda(raw: int) -> tuple[int, int]:
+    """NVML's CUDA version of the driver (13000 for 13.0, 12090 for 12.9) as (major, minor)."""
+    return raw // 1000, raw % 1000 // 10
 
 
 def driver_problems(built: str, driver: tuple[int, int]) -> list[str]:
