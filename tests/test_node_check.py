@@ -473,6 +473,7 @@ def test_the_drivers_cuda_version_is_read_as_nvml_gives_it() -> None:
     assert driver_cuda(13000) == (13, 0)
     assert driver_cuda(12090) == (12, 9)
     assert driver_cuda(11080) == (11, 8)
+    assert driver_cuda(12095) == (12, 9)  # a third digit, were NVML to give one, is not a minor
 
 
 def test_main_without_a_gpu_or_arch_says_what_to_pass(

@@ -144,8 +144,6 @@ def export_patches(upstream: Upstream, tree: Path, series_dir: Path) -> list[str
             commit,
         ).stdout
         rendered[name] = render_patch(message, diff)
-    if len(rendered) != len(commits):
-        raise UserError(f"{label}: {len(commits)} commits gave {len(rendered)} patch files")
 
     # Comment lines (such as bump's records of dropped patches) are kept, at the top.
     comments = [line for line in _series_text(series_dir).splitlines() if line.startswith("#")]
