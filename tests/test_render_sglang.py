@@ -58,7 +58,7 @@ def render(tmp_path: Path, recipes: dict[str, str]) -> subprocess.CompletedProce
         "TVM_FFI_CUDA_ARCH_LIST": "9.0",
         "TVM_FFI_CACHE_DIR": str(tmp_path / "tvm-ffi"),
         "TVM_FFI_GPU_BACKEND": "cuda",
-        "CUDA_HOME": "/usr/local/cuda",
+        "CUDA_HOME": str(tmp_path / "no-cuda"),
     }
     return subprocess.run(
         [sys.executable, "-m", "sm120_build.jit_cache.jit_specs"],
