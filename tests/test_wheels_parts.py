@@ -89,7 +89,7 @@ def test_the_archive_is_stamped_with_source_date_epoch_and_nothing_partial_is_le
 ) -> None:
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")  # 2023-11-14T22:13:20Z
     (tmp_path / "out").mkdir()
-    final = finalize_wheel(demo_wheel(tmp_path), tmp_path / "out", {"x": 1})
+    final = finalize_wheel(demo_wheel(tmp_path), tmp_path / "out", {"x": 1, "a": 2})
     with zipfile.ZipFile(final) as archive:
         infos = archive.infolist()
         assert {info.date_time for info in infos} == {(2023, 11, 14, 22, 13, 20)}
@@ -98,7 +98,12 @@ def test_the_archive_is_stamped_with_source_date_epoch_and_nothing_partial_is_le
         assert names == ["demo/__init__.py"] + [
             f"demo-1.0.dist-info/{name}" for name in ("METADATA", "RECORD", "WHEEL")
         ] + ["demo-1.0.dist-info/sm120-build.json"]
-        assert archive.read("demo-1.0.dist-info/sm120-build.json") == b'{\n  "x": 1\n}\n'
+        # Keys sorted: the same provenance, however built, gives the same bytes.
+        provenance = archive.read("demo-1.0.dist-info/sm120-build.json")
+        assert provenance == b'{\n  "a": 2,\n  "x": 1\n}\n'
+        # The source's RECORD is replaced, not listed in the new one.
+        record = archive.read("demo-1.0.dist-info/RECORD").decode().splitlines()
+        assert [row for row in record if "RECORD" in row] == ["demo-1.0.dist-info/RECORD,,"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [final.name]
 
 
