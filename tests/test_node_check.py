@@ -1,12 +1,10 @@
 """The node check (sm120_build.node.check) run in this process: its verdicts on the installed
-distributions' provenance, versions and archs, and on each recipe's module, and its report.
+distributions' provenance, versions and archs, its report, its options and its errors.
 
-The installed distributions are dist-info directories on sys.path, as pip writes them.
-FlashInfer and sglang are small generated packages that offer the one interface the check
-calls: FlashInfer's `flashinfer.jit.core.JitSpec` (name, is_aot, build_and_load) and an
-sglang kernel module's loader. The real FlashInfer and sglang, with modules built by nvcc,
-are checked by the slow node tests (test_build_e2e.py, test_sglang_kernels.py), which run
-the installed `sm120-node-check` in a fresh venv.
+The installed distributions are dist-info directories on sys.path, as pip writes them. The
+real FlashInfer and sglang, with modules built by nvcc, are checked by the slow node tests
+(test_build_e2e.py, test_sglang_kernels.py), which run the installed `sm120-node-check` in a
+fresh venv; test_node_check_modules.py checks its verdicts on each module.
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ import json
 import os
 import re
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,64 +27,6 @@ pytest.importorskip("torch", reason="the node check needs torch (nox -s tests in
 SERIES = "p1a2b3c4d"
 VERSION = f"0.6.3+sm120.{SERIES}"
 PATCHES = ["0001-a.patch", "0002-b.patch"]
-
-# The stand-in for FlashInfer's JitSpec: the attributes and the method the check uses.
-JIT_CORE = """
-import time
-
-class JitSpec:
-    def __init__(self, name, is_aot=True, error=None, seconds=0.0):
-        self.name, self.is_aot, self.error, self.seconds = name, is_aot, error, seconds
-
-    def build_and_load(self):
-        time.sleep(self.seconds)
-        if self.error:
-            raise RuntimeError(self.error)
-        return object()
-"""
-GENERATORS = """
-from flashinfer.jit.core import JitSpec
-
-def gen_module(*names):
-    return [JitSpec(name) for name in names]
-
-def only_sm12x():
-    raise RuntimeError("SM12x only")
-
-def needs_cutlass():
-    import cutlass_dsl_missing
-"""
-# sglang's loader (jit_kernel/utils.py) and a kernel module whose loader shows what it saw.
-SGLANG_UTILS = """
-def is_arch_support_pdl():
-    raise AssertionError("the check answers this from the GPU it checks for")
-"""
-SGLANG_PROBE = """
-import os
-from pathlib import Path
-
-from sglang.jit_kernel import utils
-
-seen = []
-
-def load(compile=False):
-    seen.append({
-        "SGLANG_DISABLE_JIT": os.environ.get("SGLANG_DISABLE_JIT"),
-        "TVM_FFI_CACHE_DIR": os.environ.get("TVM_FFI_CACHE_DIR"),
-        "PATH": os.environ["PATH"],
-        "pdl": utils.is_arch_support_pdl(),
-    })
-    if compile:
-        for name in ("sgl_kernel_jit_probe", "sgl_kernel_jit_probe_2"):
-            Path(os.environ["TVM_FFI_CACHE_DIR"], name).mkdir()
-    return object()
-
-def nothing():
-    return None
-
-def broken():
-    raise RuntimeError("nvcc is not on PATH")
-"""
 
 
 def write_tree(root: Path, files: dict[str, str]) -> None:
@@ -275,179 +214,6 @@ def test_jit_left_enabled_is_refused(
     status, output, _ = run(tmp_path, capsys, "--arch", "12.0")
     assert status == 1
     assert output.startswith("error: FLASHINFER_DISABLE_JIT is '0': a node check runs with")
-
-
-def test_every_flashinfer_module_is_loaded_and_each_failure_named(
-    site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    write_tree(
-        site,
-        {
-            "flashinfer/__init__.py": "",
-            "flashinfer/jit/__init__.py": "",
-            "flashinfer/jit/core.py": JIT_CORE,
-            "flashinfer/generators.py": GENERATORS,
-        },
-    )
-    recipes = {
-        # Two recipes that make the same module: it is loaded once, for the first.
-        "pair": "flashinfer.generators:gen_module('a', 'b')",
-        "again": "flashinfer.generators:gen_module('b', 'c')",
-        "slow": "flashinfer.generators:[JitSpec('slow', seconds=0.05)]",
-        "not_built": "flashinfer.generators:JitSpec('not_built', is_aot=False)",
-        "broken": "flashinfer.generators:JitSpec('broken', error='undefined symbol: x')",
-        "sm12x": "flashinfer.generators:only_sm12x()",
-        "cutlass": "flashinfer.generators:needs_cutlass()",
-        "more": "flashinfer.generators:gen_module('d', 'e', 'f')",
-    }
-    node(site, recipes)
-    status, output, report = run(tmp_path, capsys, "--arch", "12.0")
-    assert status == 1
-    assert report["problems"] == [
-        "not_built (not_built) would be JIT-compiled: no prebuilt .so",
-        "broken (broken) does not load: undefined symbol: x",
-        "sm12x: FlashInfer does not make it for this GPU (SM12x only)",
-        "cutlass: the Python package 'cutlass_dsl_missing' is not installed here, which "
-        "FlashInfer needs for it: install it (pip install cutlass_dsl_missing), or the whole "
-        "environment sglang 0.5.9 needs",
-    ]
-    modules = {(m["module"], m["recipe"]): m for m in report["modules"]}
-    assert list(modules) == [
-        ("a", "pair"),
-        ("b", "pair"),
-        ("c", "again"),
-        ("slow", "slow"),
-        ("not_built", "not_built"),
-        ("broken", "broken"),
-        (None, "sm12x"),
-        (None, "cutlass"),
-        ("d", "more"),
-        ("e", "more"),
-        ("f", "more"),
-    ]
-    loaded = [name for (name, _), m in modules.items() if m["loaded"]]
-    assert loaded == ["a", "b", "c", "slow", "d", "e", "f"]
-    assert all(m["aot"] == (m["module"] in [*loaded, "broken"]) for m in report["modules"])
-    # A load is timed, failed or not; a module that was never loaded has no time.
-    timed = [name for (name, _), m in modules.items() if "load_seconds" in m]
-    assert timed == [*loaded[:4], "broken", *loaded[4:]]
-    assert modules["slow", "slow"]["load_seconds"] >= 0.05
-    assert report["jit_compiles"] == 1  # not_built; the two recipes without a module do not count
-    summary = next(line for line in output.splitlines() if "modules of" in line)
-    assert summary.startswith(
-        "  7 of 11 modules of 8 recipes loaded prebuilt, 4 did not (1 would JIT-compile); "
-    )
-    total, slowest = summary.split("JIT-compile); ")[1].split(" s; slowest: ")
-    assert 0.05 <= float(total) < 60
-    assert re.fullmatch(r"slow 0\.\d{3} s(, [a-f] 0\.\d{3} s){4}", slowest)
-    for problem in report["problems"]:
-        assert f"  FAIL {problem}" in output.splitlines()
-
-
-def test_a_profile_names_the_recipes_instead_of_the_wheel(
-    site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """--profile reads ./profiles.toml: a node checks a profile the wheel may not carry."""
-    (tmp_path / "profiles.toml").write_text(
-        textwrap.dedent(
-            """
-            [modules.trtllm_comm]
-            call = "flashinfer.comm:gen_trtllm_comm_module()"
-            [modules.elsewhere]
-            call = "flashinfer.elsewhere:gen()"
-            [profiles.comm]
-            modules = ["trtllm_comm"]
-            [profiles.wide]
-            modules = ["trtllm_comm", "elsewhere"]
-            """
-        )
-    )
-    node(site, {"trtllm_comm": "flashinfer.comm:gen_trtllm_comm_module()"})
-    status, output, report = run(tmp_path, capsys, "--arch", "12.0", "--profile", "wide")
-    assert status == 1
-    # No FlashInfer here at all: each recipe says so.
-    assert [m["recipe"] for m in report["modules"]] == ["trtllm_comm", "elsewhere"]
-    assert all("'flashinfer' is not installed here" in p for p in report["problems"])
-    assert len(report["problems"]) == 2
-    assert "0 of 2 modules of 2 recipes" in output
-
-
-def test_sglangs_kernels_load_with_jit_off_nvcc_hidden_and_an_empty_cache(
-    site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    write_tree(
-        site,
-        {
-            "sglang/__init__.py": "raise AssertionError('the check does not import sglang')",
-            "sglang/srt/utils/__init__.py": "raise AssertionError('nor the server utilities')",
-            "sglang/jit_kernel/utils.py": SGLANG_UTILS,
-            "sglang/jit_kernel/probe.py": SGLANG_PROBE,
-        },
-    )
-    # A toolkit on PATH, an empty entry (the working directory, which holds an nvcc too) and
-    # a directory without nvcc: the loader sees the last two.
-    toolkit, plain = tmp_path / "cuda" / "bin", tmp_path / "bin"
-    write_tree(toolkit, {"nvcc": ""})
-    write_tree(tmp_path, {"nvcc": "", "bin/tool": ""})
-    path = os.pathsep.join([str(toolkit), "", str(plain)])
-    monkeypatch.setenv("PATH", path)
-    monkeypatch.setenv("TVM_FFI_CACHE_DIR", str(tmp_path / "node-cache"))
-    recipes = {
-        "sglang_ok": "sglang.jit_kernel.probe:load()",
-        "sglang_compiles": "sglang.jit_kernel.probe:load(compile=True)",
-        "sglang_none": "sglang.jit_kernel.probe:nothing()",
-        "sglang_broken": "sglang.jit_kernel.probe:broken()",
-    }
-    node(site, recipes, archs=("9.0a",))
-    status, _, report = run(tmp_path, capsys, "--arch", "9.0")
-    assert status == 1
-    assert report["problems"] == [
-        "sglang_compiles: sglang compiled sgl_kernel_jit_probe, sgl_kernel_jit_probe_2 with "
-        "tvm-ffi",
-        "sglang_none: sglang's loader gave no module",
-        "sglang_broken: sglang's kernel does not load prebuilt: nvcc is not on PATH",
-    ]
-    results = {m["recipe"]: m for m in report["modules"]}
-    assert list(results) == list(recipes)
-    assert all(results[r]["module"] == r for r in recipes)
-    assert [r for r in recipes if results[r]["loaded"]] == ["sglang_ok"]
-    assert [r for r in recipes if results[r]["aot"]] == ["sglang_ok"]
-    assert [r for r in recipes if "load_seconds" in results[r]] == ["sglang_ok", "sglang_compiles"]
-    assert all(0 <= results[r]["load_seconds"] < 60 for r in ("sglang_ok", "sglang_compiles"))
-    assert report["jit_compiles"] == 3  # every sglang kernel that did not load
-    seen = sys.modules["sglang.jit_kernel.probe"].seen
-    assert len(seen) == 2
-    for call in seen:
-        assert call["SGLANG_DISABLE_JIT"] == "1"
-        assert call["PATH"] == os.pathsep.join(["", str(plain)])
-        assert call["TVM_FFI_CACHE_DIR"] != str(tmp_path / "node-cache")
-        assert call["pdl"] is True  # sm_90 has PDL
-    assert seen[0]["TVM_FFI_CACHE_DIR"] != seen[1]["TVM_FFI_CACHE_DIR"]  # a fresh one each
-    assert not Path(seen[1]["TVM_FFI_CACHE_DIR"]).exists()  # and removed
-    # The node's own settings are back.
-    assert os.environ["PATH"] == path
-    assert os.environ["TVM_FFI_CACHE_DIR"] == str(tmp_path / "node-cache")
-
-
-def test_an_unset_tvm_ffi_cache_and_path_are_left_unset(
-    site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    write_tree(
-        site,
-        {
-            "sglang/jit_kernel/utils.py": SGLANG_UTILS,
-            "sglang/jit_kernel/probe.py": SGLANG_PROBE,
-        },
-    )
-    for name in ("TVM_FFI_CACHE_DIR", "PATH"):
-        monkeypatch.setenv(name, "")
-        monkeypatch.delenv(name)
-    node(site, {"sglang_ok": "sglang.jit_kernel.probe:load()"}, archs=("8.0",))
-    assert run(tmp_path, capsys, "--arch", "8.6")[0] == 0
-    assert "TVM_FFI_CACHE_DIR" not in os.environ and "PATH" not in os.environ
-    (seen,) = sys.modules["sglang.jit_kernel.probe"].seen
-    assert seen["PATH"] == ""  # an unset PATH holds no nvcc
-    assert seen["pdl"] is False  # no PDL before sm_90
 
 
 def test_a_driver_older_than_the_toolkit_is_named() -> None:
