@@ -16,24 +16,35 @@ from sm120_build.vendor import export_patches, read_state, vendor_upstream
 from sm120_build.vendor.export import _check_reproduces_head
 
 from .conftest import make_patch, write_series
-from .test_vendor import LINES, commit_refresh, stop_at_second
+from .test_vendor import LINES, commit_refresh, stop_at_second, three_patches
+
+__all__ = ["three_patches"]  # the fixture, used by name
 
 HEADER = "Author: me\nForwarded: no\n"
 
 
 @pytest.fixture
-def vendored(demo: Any, tmp_path: Path) -> Any:
-    """Three patches, vendored: (upstream, sdist, series, tree)."""
+def vendored(three_patches: Any) -> Any:
+    """test_vendor's three patches, vendored: (upstream, sdist, series, tree)."""
+    vendor_upstream(*three_patches)
+    return three_patches
+
+
+def stopped_at_second(demo: Any, tmp_path: Path, count: int) -> tuple[Any, Path, Path]:
+    """`count` patches, vendored until the second stops: (upstream, series, tree)."""
     upstream, sdist, series = demo(LINES)
-    patches = [
-        make_patch(series / "0001-first.patch", "src/code.txt", LINES, 1, "LINE 2", "first"),
-        make_patch(series / "0002-second.patch", "src/code.txt", LINES, 9, "LINE 10", "second"),
-        make_patch(series / "0003-third.patch", "src/code.txt", LINES, 17, "LINE 18", "third"),
-    ]
-    write_series(series, *patches)
+    changes = [(1, "LINE 2", "first"), (9, "LINE 10", "second"), (17, "LINE 18", "third")]
+    changes.append((5, "LINE 6", "fourth"))
+    write_series(
+        series,
+        *(
+            make_patch(series / f"{n:04d}-{subject}.patch", "src/code.txt", LINES, i, new, subject)
+            for n, (i, new, subject) in enumerate(changes[:count], start=1)
+        ),
+    )
     tree = tmp_path / "vendor" / "demo"
-    vendor_upstream(upstream, sdist, series, tree)
-    return upstream, sdist, series, tree
+    stop_at_second(upstream, sdist, series, tree)
+    return upstream, series, tree
 
 
 def contents(directory: Path) -> dict[str, bytes]:
@@ -138,29 +149,13 @@ def test_a_tree_not_made_by_vendor_is_refused(demo: Any, tmp_path: Path) -> None
 
 
 def test_a_series_stopped_at_its_last_patch_would_drop_only_that(demo: Any, tmp_path: Path) -> None:
-    upstream, sdist, series = demo(LINES)
-    patches = [
-        make_patch(series / "0001-first.patch", "src/code.txt", LINES, 1, "LINE 2", "first"),
-        make_patch(series / "0002-second.patch", "src/code.txt", LINES, 9, "LINE 10", "second"),
-    ]
-    write_series(series, *patches)
-    tree = tmp_path / "vendor" / "demo"
-    stop_at_second(upstream, sdist, series, tree)
+    upstream, series, tree = stopped_at_second(demo, tmp_path, 2)
     message = refused(upstream, tree, series)
     assert "exporting now would drop nothing and 0002-second.patch. Commit the refresh" in message
 
 
 def test_a_series_stopped_early_names_every_patch_it_would_drop(demo: Any, tmp_path: Path) -> None:
-    upstream, sdist, series = demo(LINES)
-    patches = [
-        make_patch(series / "0001-first.patch", "src/code.txt", LINES, 1, "LINE 2", "first"),
-        make_patch(series / "0002-second.patch", "src/code.txt", LINES, 9, "LINE 10", "second"),
-        make_patch(series / "0003-third.patch", "src/code.txt", LINES, 17, "LINE 18", "third"),
-        make_patch(series / "0004-fourth.patch", "src/code.txt", LINES, 5, "LINE 6", "fourth"),
-    ]
-    write_series(series, *patches)
-    tree = tmp_path / "vendor" / "demo"
-    stop_at_second(upstream, sdist, series, tree)
+    upstream, series, tree = stopped_at_second(demo, tmp_path, 4)
     message = refused(upstream, tree, series)
     assert (
         "exporting now would drop 0003-third.patch, 0004-fourth.patch and 0002-second.patch."
