@@ -165,6 +165,16 @@ def build_wheels(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
+def install_this_project(python: str, scratch: Path) -> None:
+    """pip install this checkout's package, as it is now, into `python`'s environment, from
+    a copy (a build from the checkout itself leaves build/ and an .egg-info in it)."""
+    copy = scratch / "sm120-build-source"
+    copy.mkdir()
+    shutil.copy(REPO / "pyproject.toml", copy)
+    shutil.copytree(REPO / "src", copy / "src", ignore=shutil.ignore_patterns("*.egg-info"))
+    subprocess.run([python, "-m", "pip", "install", "--quiet", str(copy)], check=True, cwd=scratch)
+
+
 @pytest.fixture(scope="module")
 def module_tmp(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory

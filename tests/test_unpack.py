@@ -16,6 +16,8 @@ from sm120_build.errors import UserError
 from sm120_build.pins import Upstream
 from sm120_build.vendor.unpack import _escapes, make_pristine_tree, unpack_sdist
 
+from .conftest import install_this_project
+
 
 def tarball(path: Path, *members: tarfile.TarInfo, data: dict[str, bytes] | None = None) -> Path:
     with tarfile.open(path, "w:gz") as archive:
@@ -152,3 +154,61 @@ def test_the_pristine_commit_holds_every_file_on_main(tmp_path: Path) -> None:
     assert git("symbolic-ref", "--short", "HEAD") == "main"
     assert git("ls-tree", "--name-only", "HEAD").split() == [".gitignore", "built.so"]
     assert git("status", "--porcelain") == ""
+
+
+def _python_without_tar_filters() -> str | None:
+    """An interpreter on this machine whose tarfile lacks PEP 706's filters (Debian 12's
+    /usr/bin/python3 is 3.11.2), if there is one."""
+    for candidate in ("/usr/bin/python3", "/usr/bin/python3.11", "/usr/bin/python3.10"):
+        if Path(candidate).is_file():
+            probe = subprocess.run(
+                [candidate, "-c", "import tarfile, sys; sys.exit(hasattr(tarfile, 'data_filter'))"],
+                capture_output=True,
+            )
+            if probe.returncode == 0:
+                return candidate
+    return None
+
+
+@pytest.mark.slow
+def test_a_python_without_tar_filters_unpacks_as_strictly(tmp_path: Path) -> None:
+    """On Debian 12's 3.11.2 the package installs and unpacks with the same `data` filter:
+    the link chain out of the tree is refused, setuid bits are dropped (it crashed with
+    AttributeError: tarfile.FilterError before backports.tarfile stood in)."""
+    python = _python_without_tar_filters()
+    if python is None:
+        pytest.skip("no interpreter without tarfile's filters on this machine")
+    subprocess.run([python, "-m", "venv", str(tmp_path / "venv")], check=True)
+    venv_python = str(tmp_path / "venv" / "bin" / "python")
+    install_this_project(venv_python, tmp_path)
+    chain = tarball(
+        tmp_path / "chain.tar.gz",
+        entry("demo-1.0/up", tarfile.SYMTYPE, ".."),
+        entry("demo-1.0/up/out", tarfile.SYMTYPE, ".."),
+    )
+    mode = tarball(
+        tmp_path / "mode.tar.gz",
+        entry("demo-1.0/tool", mode=0o4777),
+        data={"demo-1.0/tool": b"#!/bin/sh\n"},
+    )
+    script = (
+        "import sys, stat; from pathlib import Path\n"
+        "from sm120_build.errors import UserError\n"
+        "from sm120_build.vendor.unpack import unpack_sdist\n"
+        "root = Path(sys.argv[1])\n"
+        "(root / 'work').mkdir()\n"
+        "try:\n"
+        "    unpack_sdist(root / 'chain.tar.gz', root / 'work' / 'out')\n"
+        "except UserError as exc:\n"
+        "    print('refused:', exc)\n"
+        "unpack_sdist(root / 'mode.tar.gz', root / 'mode')\n"
+        "print('mode', oct(stat.S_IMODE((root / 'mode' / 'tool').stat().st_mode)))\n"
+    )
+    result = subprocess.run(
+        [venv_python, "-c", script, str(tmp_path)], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert chain.name in result.stdout
+    assert "refused: chain.tar.gz: refusing to unpack: " in result.stdout
+    assert not (tmp_path / "work" / "out").exists()
+    assert "mode 0o755" in result.stdout

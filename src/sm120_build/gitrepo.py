@@ -9,10 +9,10 @@ from __future__ import annotations
 import io
 import os
 import subprocess
-import tarfile
 from pathlib import Path
 
 from .errors import UserError
+from .tarfiles import tarfile
 
 FIXED_DATE = "2000-01-01T00:00:00+0000"
 _IDENTITY = {

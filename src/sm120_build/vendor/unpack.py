@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
 
 from ..errors import UserError
 from ..gitrepo import git, head
 from ..pins import Upstream
+from ..tarfiles import tarfile
 
 
 def _check_member(member: tarfile.TarInfo, tarball: Path) -> None:
@@ -46,7 +46,7 @@ def _escapes(path: PurePosixPath) -> bool:
 def unpack_sdist(tarball: Path, destination: Path) -> None:
     """Unpack the sdist's single top-level directory as `destination`."""
     try:
-        archive = tarfile.open(tarball)  # noqa: SIM115 (closed by the with below)
+        archive = tarfile.open(tarball)
     except (OSError, tarfile.TarError) as exc:
         raise UserError(f"cannot open {tarball} as a tarball: {exc}") from None
     with archive:
