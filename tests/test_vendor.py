@@ -1,10 +1,12 @@
 """vendor_upstream and export_patches on generated sdists and patches, with real git."""
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sm120_build.cache import SCRATCH_MARKER
 from sm120_build.errors import UserError
 from sm120_build.gitrepo import commit_message, git, head
 from sm120_build.vendor import (
@@ -388,17 +390,43 @@ def test_rebuild_refuses_to_delete_files_hidden_by_global_excludes(
     assert (tree / "notes.local").is_file()
 
 
-def test_half_made_first_vendor_is_detected_and_rebuilt(two_patches: Any) -> None:
+def test_a_tree_it_did_not_make_is_refused_and_kept(two_patches: Any) -> None:
+    """A plain directory of the user's files, an unpacked tree with an empty repository and
+    a git worktree at vendor/demo are refused by name and left as they are (vendor used to
+    take the first two as "left half-made by an interrupted run" and delete them)."""
     upstream, sdist, series, tree = two_patches
-    # What an interrupt between unpacking and the first commit left, and a scratch tree.
-    tree.parent.mkdir(parents=True)
-    unpack_sdist(sdist, tree)
+    tree.mkdir(parents=True)
+    (tree / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match=r"vendor/demo \(.*\) exists but was not made by this tool"):
+        vendor_upstream(upstream, sdist, series, tree)
+    assert (tree / "notes.txt").read_text() == "mine"
     git(tree, "init", "--quiet")
-    (tree.parent / ".sm120-tmp-123-demo-abc123").mkdir()
+    with pytest.raises(UserError, match=r"no \.git/sm120-build\.json\); nothing was touched"):
+        vendor_upstream(upstream, sdist, series, tree)
+    assert (tree / "notes.txt").read_text() == "mine"
+    shutil.rmtree(tree / ".git")
+    (tree / ".git").write_text("gitdir: /somewhere/else/.git/worktrees/demo\n")
+    with pytest.raises(UserError, match=r"a plain directory or a git worktree"):
+        vendor_upstream(upstream, sdist, series, tree)
+    assert sorted(p.name for p in tree.iterdir()) == [".git", "notes.txt"]
+
+
+def test_only_an_abandoned_scratch_tree_of_its_own_is_removed(two_patches: Any) -> None:
+    """Beside vendor/demo, a scratch directory is removed only when its marker says this
+    tool made it and its process has ended; one without the marker is someone else's."""
+    upstream, sdist, series, tree = two_patches
+    tree.parent.mkdir(parents=True)
+    foreign = tree.parent / ".sm120-tmp-123-demo-abc123"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("not ours")
+    ours = tree.parent / ".sm120-tmp-2147480000-demo-def456"
+    ours.mkdir()
+    (ours / SCRATCH_MARKER).write_text("2147480000\n")
     assert vendor_upstream(upstream, sdist, series, tree)
     state = read_state(tree)
     assert state is not None and state.complete
-    assert [p.name for p in tree.parent.iterdir()] == ["demo"]
+    assert sorted(p.name for p in tree.parent.iterdir()) == [foreign.name, "demo"]
+    assert (foreign / "keep.txt").read_text() == "not ours"
 
 
 def test_damaged_state_file_is_a_clear_error(two_patches: Any) -> None:

@@ -29,6 +29,9 @@ SCRATCH_PREFIX = ".sm120-tmp-"
 _SCRATCH_NAME = re.compile(rf"^{re.escape(SCRATCH_PREFIX)}\d+-")
 # The file that marks a directory as this tool's cache; only a marked cache is cleaned.
 MARKER = ".sm120-build-cache"
+# The file inside each scratch directory that says this tool made it (and which process):
+# outside the cache (vendor/), only a directory holding it is ever removed as a leftover.
+SCRATCH_MARKER = ".sm120-scratch"
 MANIFEST = "MANIFEST.sha256"
 _SCRATCH_DEPTH = 3  # cache/, cache/<kind>/, cache/<kind>/<sub>/ hold scratch directories
 
@@ -147,7 +150,26 @@ def scratch_directory(parent: Path, what: str) -> Iterator[Path]:
     parent.mkdir(parents=True, exist_ok=True)
     prefix = f"{SCRATCH_PREFIX}{os.getpid()}-{what}-"
     with tempfile.TemporaryDirectory(prefix=prefix, dir=parent) as path:
+        (Path(path) / SCRATCH_MARKER).write_text(f"{os.getpid()}\n")
         yield Path(path)
+
+
+def abandoned_scratch(entry: Path) -> bool:
+    """Whether `entry` is a scratch directory this tool made (named so, a real directory
+    holding SCRATCH_MARKER) whose process has ended: only then may it be removed."""
+    match = re.match(rf"^{re.escape(SCRATCH_PREFIX)}(\d+)-", entry.name)
+    if match is None or entry.is_symlink() or not (entry / SCRATCH_MARKER).is_file():
+        return False
+    pid = int(match.group(1))
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, another user's
+    return False
 
 
 # --- entries ---------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
+from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
+from packaging.version import InvalidVersion, Version
+
 from .errors import UserError
+
+# A name that becomes a path (vendor/<name>, patches/<name>, cache entries): one plain path
+# component, so that no name in a config file can point outside the directory it is put in.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# PEP 508's project names.
+_PROJECT_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,50 @@ def _strings(value: object, where: str, path: Path) -> list[str]:
     return value
 
 
+def plain_name_problem(name: str, what: str) -> str | None:
+    """Why `name` cannot be used as one path component, or None: letters, digits, '_', '.'
+    and '-', starting with a letter or digit (so never '..', a '/' or an absolute path)."""
+    if _PLAIN_NAME.fullmatch(name):
+        return None
+    return (
+        f"{what} {name!r} is not a plain name (letters, digits, '_', '.' and '-', starting "
+        "with a letter or digit): it becomes a file or directory name"
+    )
+
+
+def check_plain_name(name: str, what: str, path: Path) -> None:
+    problem = plain_name_problem(name, what)
+    if problem is not None:
+        raise UserError(f"{path}: {problem}")
+
+
+def _check_upstream(name: str, table: dict[str, str], path: Path) -> None:
+    """The keys that become paths or requirements: a plain name, a PEP 508 project name, a
+    PEP 440 version, and an sdist file name of that project and version."""
+    check_plain_name(name, "upstream", path)
+    if not _PROJECT_NAME.fullmatch(table["project"]):
+        raise UserError(
+            f"{path}: [upstream.{name}] project {table['project']!r} is not a project name"
+        )
+    try:
+        version = Version(table["version"])
+    except InvalidVersion:
+        raise UserError(
+            f"{path}: [upstream.{name}] version {table['version']!r} is not a PEP 440 version"
+        ) from None
+    sdist = table["sdist"]
+    try:
+        parsed = parse_sdist_filename(sdist) if "/" not in sdist and "\\" not in sdist else None
+    except InvalidSdistFilename:
+        parsed = None
+    if parsed != (canonicalize_name(table["project"]), version):
+        raise UserError(
+            f"{path}: [upstream.{name}] sdist {sdist!r} is not the file name of an sdist of "
+            f"{table['project']} {table['version']} (such as "
+            f"{table['project'].replace('-', '_')}-{table['version']}.tar.gz)"
+        )
+
+
 def is_sha256(text: object) -> bool:
     return isinstance(text, str) and len(text) == 64 and all(c in "0123456789abcdef" for c in text)
 
@@ -99,6 +153,7 @@ def load(path: Path) -> Pins:
             raise UserError(f"{path}: [upstream.{name}] {', '.join(wrong)} must be strings")
         if not is_sha256(table["sha256"]):
             raise UserError(f"{path}: [upstream.{name}] sha256 is not 64 lowercase hex digits")
+        _check_upstream(name, table, path)
         upstreams[name] = Upstream(name=name, **{key: table[key] for key in _UPSTREAM_KEYS})
     if not upstreams:
         raise UserError(f"{path}: no [upstream.*] tables")
@@ -107,6 +162,8 @@ def load(path: Path) -> Pins:
         raise UserError(f"{path}: [toolkit] requirement is missing or not a string")
     companions = {}
     for name, table in _table(data, "companions", path).items():
+        if not _PROJECT_NAME.fullmatch(name):
+            raise UserError(f"{path}: [companions.{name}] is not a project name")
         if not (isinstance(table, dict) and isinstance(table.get("version"), str)):
             raise UserError(f'{path}: [companions.{name}] needs version = "X.Y.Z"')
         hashes = _strings(table.get("sha256", []), f"[companions.{name}] sha256", path)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-from .pins import read_toml
+from .pins import check_plain_name, read_toml
 
 DEFAULT_PROFILE = "comm"
 
@@ -60,12 +60,15 @@ def load(path: Path) -> Profiles:
     included = data.get("include", [])
     if not isinstance(included, list) or not all(isinstance(x, str) for x in included):
         raise UserError(f"{path}: include must be a list of file names")
+    for name in included:
+        check_plain_name(name, "included file", path)
     sources = [(path, data)] + [
         (path.parent / name, read_toml(path.parent / name)) for name in included
     ]
     recipes: dict[str, Recipe] = {}
     for source, content in sources:
         for name, table in _tables(content, "modules", source).items():
+            check_plain_name(name, "module recipe", source)
             if name in recipes:
                 raise UserError(f"{source}: [modules.{name}] is defined twice")
             recipes[name] = _recipe(name, table, source)
@@ -73,6 +76,7 @@ def load(path: Path) -> Profiles:
     descriptions: dict[str, str] = {}
     for source, content in sources:
         for name, table in _tables(content, "profiles", source).items():
+            check_plain_name(name, "profile", source)
             if name in profiles:
                 raise UserError(f"{source}: [profiles.{name}] is defined twice")
             members = table.get("modules")

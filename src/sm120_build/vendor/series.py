@@ -7,13 +7,13 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from ..cache import SCRATCH_PREFIX, scratch_directory
+from ..cache import SCRATCH_PREFIX, abandoned_scratch, scratch_directory
 from ..console import say
 from ..errors import UserError
 from ..gitrepo import git, head
 from ..patches import Patch, load_series
 from ..pins import Upstream
-from .state import VendorState, inputs_key, read_state, write_state
+from .state import STATE_FILE, VendorState, inputs_key, read_state, write_state
 from .unpack import make_pristine_tree
 
 
@@ -74,22 +74,19 @@ def untracked_or_modified(tree: Path) -> list[str]:
     return [line[3:] for line in status.splitlines() if line.strip()]
 
 
-def _half_made(tree: Path) -> bool:
-    """A tree an interrupted first vendor left: no state file and no commit yet."""
-    if read_state(tree) is not None:
-        return False
-    return (
-        not (tree / ".git").is_dir()
-        or git(tree, "rev-parse", "--verify", "-q", "HEAD", check=False).returncode != 0
-    )
-
-
 def _check_untouched(tree: Path, label: str) -> VendorState:
     """The tree's state, after refusing anything a rebuild would destroy."""
+    if tree.is_symlink() or not tree.is_dir() or not (tree / ".git").is_dir():
+        raise UserError(
+            f"{label} ({tree}) exists but was not made by this tool (no vendor tree of its "
+            "own: a file, a link, a plain directory or a git worktree); nothing was touched. "
+            "Move it away, then run `nox -s vendor`."
+        )
     state = read_state(tree)
     if state is None:
         raise UserError(
-            f"{label} exists but was not made by this tool; move it away and run `nox -s vendor`"
+            f"{label} ({tree}) exists but was not made by this tool (no "
+            f".git/{STATE_FILE}); nothing was touched. Move it away, then run `nox -s vendor`."
         )
     files = untracked_or_modified(tree)
     if files:
@@ -147,11 +144,9 @@ def vendor_upstream(upstream: Upstream, sdist: Path, series_dir: Path, tree: Pat
     patches = load_series(series_dir)  # reject a bad series before touching anything
     key = inputs_key(upstream, patches)
     for leftover in tree.parent.glob(f"{SCRATCH_PREFIX}*-{tree.name}-*"):
-        shutil.rmtree(leftover)  # an interrupted run's new tree; we hold the cache lock
-    if tree.exists() and _half_made(tree):
-        say(f"{label} was left half-made by an interrupted run; making it again")
-        shutil.rmtree(tree)
-    if tree.exists():
+        if abandoned_scratch(leftover):  # an interrupted run's new tree, by its marker
+            shutil.rmtree(leftover)
+    if tree.exists() or tree.is_symlink():
         state = _check_untouched(tree, label)
         if state.complete and state.exact and state.inputs == key:
             say(
