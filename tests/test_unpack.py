@@ -186,7 +186,7 @@ def test_a_python_without_tar_filters_unpacks_as_strictly(tmp_path: Path) -> Non
         entry("demo-1.0/up", tarfile.SYMTYPE, ".."),
         entry("demo-1.0/up/out", tarfile.SYMTYPE, ".."),
     )
-    mode = tarball(
+    tarball(
         tmp_path / "mode.tar.gz",
         entry("demo-1.0/tool", mode=0o4777),
         data={"demo-1.0/tool": b"#!/bin/sh\n"},
