@@ -155,9 +155,17 @@ def hash_checked_install(
 def fresh_install(root: Path, index_url: str, tmp_path: Path) -> dict[str, str]:
     """The node's install of wheelhouse/requirements.txt from index_url into a fresh venv;
     returns what got installed."""
+    return _fresh_install(root / "wheelhouse/requirements.txt", index_url, tmp_path)
+
+
+def fresh_install_from(requirements: Path, static: Path, tmp_path: Path) -> dict[str, str]:
+    """The same from a static tree alone: its simple/ index and a lock file in it."""
+    return _fresh_install(requirements, (static / "simple").as_uri() + "/", tmp_path)
+
+
+def _fresh_install(requirements: Path, index_url: str, tmp_path: Path) -> dict[str, str]:
     venv = tmp_path / "node-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    requirements = root / "wheelhouse/requirements.txt"
     installed = hash_checked_install(venv / "bin/python", requirements, "--index-url", index_url)
     assert installed.returncode == 0, installed.stderr
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PIP_CONFIG_FILE": os.devnull}

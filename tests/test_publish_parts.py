@@ -16,7 +16,6 @@ from sm120_build.publish import (
     LocalWheel,
     _summary,
     _upload_failure,
-    _write_atomically,
     check_url,
     served_files,
     twine_credentials,
@@ -142,15 +141,6 @@ def test_a_linked_file_that_is_missing_hashes_as_empty(tmp_path: Path) -> None:
     static_page(simple, "gone", '<a href="../../packages/gone-1.0-py3-none-any.whl">g</a>')
     served = served_files(Reader(5), simple.as_uri(), "gone")
     assert served == {"gone-1.0-py3-none-any.whl": hashlib.sha256(b"").hexdigest()}
-
-
-def test_files_are_written_whole_and_world_readable(tmp_path: Path) -> None:
-    target = tmp_path / "index.html"
-    target.write_bytes(b"old")
-    _write_atomically(target, b"new")
-    assert target.read_bytes() == b"new"
-    assert stat.S_IMODE(target.stat().st_mode) == 0o644
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["index.html"]
 
 
 def test_the_summary_names_every_file_and_what_happened_to_it(

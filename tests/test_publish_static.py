@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import stat
 from pathlib import Path
+from typing import Any
+
+from sm120_build import static_index
 
 from sm120_build.publish import write_static_index
 from sm120_build.wheels import assemble_wheelhouse
 
 from .conftest import small_wheel, wheelhouse_project
-from .test_publish import fresh_install, publish, required_versions
+from .test_publish import fresh_install, fresh_install_from, publish, required_versions
 
 
 def test_static_index_installs_with_pip(project: Path, tmp_path: Path) -> None:
@@ -86,7 +90,9 @@ def test_static_index_pages_and_modes(project: Path, tmp_path: Path) -> None:
     static = tmp_path / "mirror"
     result = publish(project, "--static", str(static))
     assert result.returncode == 0, result.stderr
-    assert f"static index: {static}/simple/ (added 2 wheels; 2 projects)" in result.stderr
+    assert (
+        f"static index: {static}/simple/ (added 2 of 2 files, 0 already there; 2 projects)"
+    ) in result.stderr
     (alpha,) = (static / "packages").glob("alpha_pkg-*.whl")
     digest = hashlib.sha256(alpha.read_bytes()).hexdigest()
     head = '<!DOCTYPE html>\n<html><head><meta name="pypi:repository-version" content="1.0">'
@@ -105,6 +111,10 @@ def test_static_index_pages_and_modes(project: Path, tmp_path: Path) -> None:
     for file in (alpha, static / "simple/index.html", static / "simple/beta-pkg/index.html"):
         assert file.stat().st_mode & 0o777 == 0o644, file
     assert not [p for p in static.rglob(".*")]  # no .partial left
+    again = publish(project, "--static", str(static))
+    assert (
+        f"static index: {static}/simple/ (added 0 of 2 files, 2 already there; 2 projects)"
+    ) in again.stderr
 
 
 def test_static_index_refuses_a_file_or_a_foreign_directory(project: Path, tmp_path: Path) -> None:
@@ -146,3 +156,106 @@ def test_a_project_page_lists_every_version_in_order(project: Path, tmp_path: Pa
     ]
     page = (static / "simple/alpha-pkg/index.html").read_text()
     assert page.endswith("<body>\n" + "".join(links) + "</body></html>\n")
+
+
+def _outside_and_mirror(project: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A published mirror, and a file outside it that a planted link points at."""
+    static = tmp_path / "mirror"
+    assert publish(project, "--static", str(static)).returncode == 0
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the mirror's")
+    outside.chmod(0o600)
+    return static, outside
+
+
+def _assert_refused_naming(result: Any, link: Path, outside: Path) -> None:
+    assert result.returncode == 1
+    assert "holds symbolic links, which a static index never has" in result.stderr
+    assert f"\n  {link}\n" in result.stderr
+    assert outside.read_text() == "not the mirror's"
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o600
+
+
+def test_a_planted_partial_link_is_refused_and_nothing_is_written_through_it(
+    project: Path, tmp_path: Path
+) -> None:
+    """A packages/.X.partial link used to be followed: the outside file got the wheel's
+    bytes and mode 644."""
+    static, outside = _outside_and_mirror(project, tmp_path)
+    (tmp_path / "newer-scratch").mkdir()
+    newer = wheelhouse_project(
+        tmp_path / "newer", [small_wheel(tmp_path / "newer-scratch", "alpha_pkg", "1.1")]
+    )
+    link = static / "packages" / ".alpha_pkg-1.1-py3-none-any.whl.partial"
+    link.symlink_to(outside)
+    _assert_refused_naming(publish(newer, "--static", str(static)), link, outside)
+    assert not (static / "packages" / "alpha_pkg-1.1-py3-none-any.whl").exists()
+
+
+def test_a_project_page_link_is_refused(project: Path, tmp_path: Path) -> None:
+    """simple/<project> as a link used to have its index.html written outside."""
+    static, outside = _outside_and_mirror(project, tmp_path)
+    shutil.rmtree(static / "simple" / "alpha-pkg")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (static / "simple" / "alpha-pkg").symlink_to(elsewhere)
+    result = publish(project, "--static", str(static))
+    _assert_refused_naming(result, static / "simple" / "alpha-pkg", outside)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_packages_link_is_refused(project: Path, tmp_path: Path) -> None:
+    """packages/ as a link used to send the wheels outside the mirror."""
+    static, outside = _outside_and_mirror(project, tmp_path)
+    shutil.rmtree(static / "packages")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (static / "packages").symlink_to(elsewhere)
+    result = publish(project, "--static", str(static))
+    _assert_refused_naming(result, static / "packages", outside)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_mirror_that_is_itself_a_link_is_refused(project: Path, tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "mirror").symlink_to(real)
+    result = publish(project, "--static", str(tmp_path / "mirror"))
+    assert result.returncode == 1
+    assert "is a symbolic link; name the directory itself" in result.stderr
+    assert list(real.iterdir()) == []
+
+
+def test_a_link_planted_after_the_check_is_replaced_not_followed(tmp_path: Path) -> None:
+    """Between the check and the write, a link at the very name being written: the rename
+    replaces the link; the file it pointed at is untouched."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the mirror's")
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / "index.html").symlink_to(outside)
+    with static_index._opened(mirror) as directory:
+        directory.write("index.html", b"page")
+    assert outside.read_text() == "not the mirror's"
+    assert not (mirror / "index.html").is_symlink()
+    assert (mirror / "index.html").read_bytes() == b"page"
+
+
+def test_copies_show_progress_and_lock_files_reach_the_tree(project: Path, tmp_path: Path) -> None:
+    """Each copy is announced with its number and the running total; the wheelhouse's lock
+    files land in locks/<digest>/, from which a node with only the tree installs."""
+    static = tmp_path / "mirror"
+    (project / "wheelhouse" / "node-lock.txt").write_text("# a lock\n")
+    result = publish(project, "--static", str(static))
+    assert result.returncode == 0, result.stderr
+    copying = [line for line in result.stderr.splitlines() if "copying" in line]
+    assert [line.split(" (")[1].split(",")[0] for line in copying] == ["1 of 2", "2 of 2"]
+    (locks,) = (static / "locks").iterdir()
+    requirements = (project / "wheelhouse" / "requirements.txt").read_bytes()
+    assert locks.name == hashlib.sha256(requirements).hexdigest()[:16]
+    assert (locks / "requirements.txt").read_bytes() == requirements
+    assert (locks / "node-lock.txt").read_text() == "# a lock\n"
+    assert f"lock files for nodes: {locks}/ (requirements.txt, node-lock.txt)" in result.stderr
+    installed = fresh_install_from(locks / "requirements.txt", static, tmp_path)
+    for name, version in required_versions(project).items():
+        assert installed[name] == version

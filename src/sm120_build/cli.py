@@ -179,7 +179,7 @@ def _publish(layout: Layout, args: argparse.Namespace) -> None:
     with publish.closure_wheels(layout.wheelhouse, layout.cache, args.with_dependencies) as closure:
         if args.static:
             publish.write_static_index(
-                layout.wheelhouse, args.static.resolve(), layout.cache, closure
+                layout.wheelhouse, args.static.absolute(), layout.cache, closure
             )
             return
         publish.publish(

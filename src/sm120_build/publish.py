@@ -10,8 +10,6 @@ Credentials reach twine the way twine takes them (TWINE_USERNAME/TWINE_PASSWORD,
 from __future__ import annotations
 
 import hashlib
-import html
-import html.parser
 import os
 import re
 import subprocess
@@ -33,8 +31,9 @@ from .cache import scratch_directory, sha256_of
 from .console import say
 from .errors import UserError
 from .fetch import fetch_pinned_wheel
-from .index import Reader, page_links, project_of, server_of
+from .index import Reader, page_links, server_of
 from .node_lock import mirror_files, parse_pins
+from .static_index import StaticFile, write_tree
 from .sums import checked_wheels
 
 DEFAULT_TIMEOUT = 120  # seconds: one request to the index, or one upload
@@ -255,72 +254,12 @@ def _summary(wheels: list[LocalWheel], status: dict[str, str], index_url: str) -
         say(f"  {wheel.path.name}: {status.get(wheel.path.name, 'NOT on the index')}")
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_bytes(data)
-    partial.chmod(0o644)
-    os.replace(partial, path)
-
-
 def write_static_index(
     wheelhouse: Path, destination: Path, cache: Path, closure: list[LocalWheel] | None = None
-) -> None:
-    """Add the wheelhouse to a PEP 503 tree (packages/ + simple/) that pip installs from
-    over file:// or HTTP, creating it or merging into it.
-
-    Files already there stay: other projects, and our earlier versions. A file of the same
-    name with other content is refused before anything is written, as an index would. The
-    pages of the projects we add to are regenerated from packages/; the others are kept.
-    """
+) -> Path:
+    """Add the wheelhouse, its companions and `closure` to the static tree at `destination`
+    (static_index.py), with its lock files; return the lock directory."""
     ours = local_wheels(wheelhouse)
     wheels = _with(ours + companion_wheels(wheelhouse, ours, cache), closure or [])
-    packages, simple = destination / "packages", destination / "simple"
-    if destination.exists() and not destination.is_dir():
-        raise UserError(f"--static {destination} is a file; name a directory")
-    if (
-        destination.exists()
-        and any(destination.iterdir())
-        and not (packages.is_dir() and simple.is_dir())
-    ):
-        raise UserError(
-            f"{destination} is neither empty nor a static index (packages/ + simple/); "
-            "choose another directory"
-        )
-    for wheel in wheels:
-        existing = packages / wheel.path.name
-        if existing.is_file() and sha256_of(existing) != wheel.sha256:
-            raise UserError(
-                f"{existing} already exists with other content:\n"
-                f"  index sha256 {sha256_of(existing)}\n  ours  sha256 {wheel.sha256}\n"
-                "An index never replaces a file; nothing was written. Bump the version "
-                "(a changed series does) or publish to another directory."
-            )
-    packages.mkdir(parents=True, exist_ok=True)
-    simple.mkdir(exist_ok=True)
-    for directory in (destination, packages, simple):
-        directory.chmod(0o755)
-    for wheel in wheels:
-        if not (packages / wheel.path.name).is_file():
-            _write_atomically(packages / wheel.path.name, wheel.path.read_bytes())
-    for project in sorted({wheel.project for wheel in wheels}):
-        files = sorted(path for path in packages.iterdir() if project_of(path.name) == project)
-        links = "".join(
-            f'<a href="../../packages/{urllib.parse.quote(path.name)}#sha256='
-            f'{sha256_of(path)}">{html.escape(path.name)}</a><br>\n'
-            for path in files
-        )
-        (simple / project).mkdir(exist_ok=True)
-        (simple / project).chmod(0o755)
-        _write_atomically(simple / project / "index.html", _page(project, links).encode())
-    projects = sorted(path.name for path in simple.iterdir() if path.is_dir())
-    root_links = "".join(f'<a href="{name}/">{name}</a><br>\n' for name in projects)
-    _write_atomically(simple / "index.html", _page("Simple index", root_links).encode())
-    say(f"static index: {simple}/ (added {len(wheels)} wheels; {len(projects)} projects)")
-
-
-def _page(title: str, body: str) -> str:
-    return (
-        f'<!DOCTYPE html>\n<html><head><meta name="pypi:repository-version" '
-        f'content="1.0"><title>{html.escape(title)}</title></head>\n<body>\n{body}'
-        "</body></html>\n"
-    )
+    files = [StaticFile(w.path, w.path.name, w.project, w.sha256) for w in wheels]
+    return write_tree(wheelhouse, destination, files)
