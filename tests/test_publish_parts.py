@@ -5,7 +5,6 @@ a real index server."""
 from __future__ import annotations
 
 import hashlib
-import stat
 from pathlib import Path
 
 import pytest

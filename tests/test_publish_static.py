@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from sm120_build import static_index
-
 from sm120_build.publish import write_static_index
 from sm120_build.wheels import assemble_wheelhouse
 
