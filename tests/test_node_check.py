@@ -69,6 +69,7 @@ def node(
     archs: tuple[str, ...] = ("12.0f",),
     jit_cache_version: str = VERSION,
     python_patches: list[str] = PATCHES,
+    profiles: dict[str, dict[str, str]] | None = None,
 ) -> None:
     """The two FlashInfer distributions of one build, installed in `site`."""
     installed(
@@ -80,6 +81,7 @@ def node(
             "patches": PATCHES,
             "toolkit": {"cuda": "13.0"},
             "recipes": recipes or {},
+            "profiles": profiles or {},
         },
     )
     installed(site, "flashinfer-python", VERSION, {"patches": python_patches})
@@ -109,6 +111,7 @@ def test_a_matching_pair_passes_and_reports_what_it_checked(
         "jit_compiles": 0,
         "modules": [],
         "problems": [],
+        "not_checked": [],
     }
     lines = output.splitlines()
     assert lines[:2] == [
@@ -242,17 +245,41 @@ def test_the_drivers_cuda_version_is_read_as_nvml_gives_it() -> None:
     assert driver_cuda(12095) == (12, 9)  # a third digit, were NVML to give one, is not a minor
 
 
-def test_main_without_a_gpu_or_arch_says_what_to_pass(
+def test_without_a_gpu_it_reports_what_needs_none_then_what_it_could_not_check(
+    site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It used to stop at "no CUDA GPU is visible" before reporting anything."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    node(site, recipes={"trtllm_comm": "flashinfer.comm:gen_trtllm_comm_module()"})
+    status, output, report = run(tmp_path, capsys)
+    assert status == 1
+    assert output.splitlines() == [
+        f"CUDA: torch {torch.version.cuda or 'CPU only'}, jit-cache built with 13.0",
+        f"node_check: no GPU arch; flashinfer {VERSION}, jit-cache {VERSION} (12.0f)",
+        "  NOT CHECKED the 1 recipes' modules were not loaded: no CUDA GPU is visible; on a "
+        "machine without one, pass --arch 12.0",
+    ]
+    assert report["device"] is None and report["problems"] == []
+    assert report["versions"] == {"flashinfer-jit-cache": VERSION, "flashinfer-python": VERSION}
+
+
+def test_what_needs_no_gpu_still_fails_without_one(
     site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible here")
-    node(site)
-    status, output, _ = run(tmp_path, capsys)
+    node(site, python_patches=PATCHES[:1])
+    status, output, report = run(tmp_path, capsys)
     assert status == 1
-    assert output == "error: no CUDA GPU is visible; on a machine without one, pass --arch 12.0\n"
+    assert report["problems"] == [
+        "flashinfer-python and flashinfer-jit-cache record different patches"
+    ]
+    assert len(report["not_checked"]) == 1
 
 
 def test_the_report_is_indented_json(
@@ -282,7 +309,8 @@ def test_an_unexpected_error_is_one_line_unless_verbose(
     site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A provenance without the toolkit entry: not a state this tool makes."""
-    installed(site, "flashinfer-jit-cache", VERSION, {"archs": ["12.0f"], "patches": PATCHES})
+    provenance = {"archs": ["12.0f"], "patches": PATCHES, "recipes": {}}
+    installed(site, "flashinfer-jit-cache", VERSION, provenance)
     installed(site, "flashinfer-python", VERSION, {"patches": PATCHES})
     status, output, _ = run(tmp_path, capsys, "--arch", "12.0")
     assert status == 2
@@ -305,18 +333,55 @@ def test_help_names_every_option_and_what_it_does(capsys: pytest.CaptureFixture[
     with pytest.raises(SystemExit) as exited:
         main(["--help"])
     assert exited.value.code == 0
-    text = " ".join(capsys.readouterr().out.split())
+    out = capsys.readouterr().out
+    text = " ".join(out.split())
     assert text.startswith(
         "usage: node_check [-h] [--arch MAJOR.MINOR] [--profile NAME] [--json JSON] "
         "[--install DIR] [--verbose] `sm120-node-check` (or `nox -s node_check` from a "
         "checkout): on a serving node, prove that FlashInfer and sglang will not JIT-compile."
     )
+    # The description's list stays a list (it used to be flattened into one paragraph).
+    assert "\n- the versions and patch series of flashinfer-python" in out
+    assert "\n- the archs the jit-cache holds code for" in out
     for option, says in {
         "--arch MAJOR.MINOR": "check for this GPU arch instead of the GPU's",
-        "--profile NAME": "check this profile of profiles.toml instead of what the wheel was "
-        "built from",
+        "--profile NAME": "check this profile, as the installed jit-cache records it, instead "
+        "of what the wheel was built from",
         "--json JSON": "also write the findings to this file",
         "--install DIR": "first install DIR's wheels into this Python",
         "--verbose": "show the traceback of an unexpected error",
     }.items():
         assert f"{option} {says}" in text
+
+
+def test_install_without_torch_installs_nothing(
+    site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`nox -s node_check` from a venv without torch used to install three wheels, then fail
+    with ModuleNotFoundError ("This is a bug")."""
+    node(site)
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch: ModuleNotFoundError
+    status, output, report = run(tmp_path, capsys, "--install", str(tmp_path / "no-such-dir"))
+    assert status == 1 and report is None
+    assert output == (
+        f"error: torch is not installed in {sys.prefix}: the node check runs in the Python "
+        "that serves sglang, which holds torch (`python -m nox -s node_check` from that "
+        "environment). Nothing was installed.\n"
+    )
+
+
+def test_without_torch_the_arch_is_still_checked(
+    site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node(site, archs=("10.0a",))
+    monkeypatch.setitem(sys.modules, "torch", None)
+    status, output, report = run(tmp_path, capsys, "--arch", "12.0")
+    assert status == 1
+    assert report["problems"] == [
+        "flashinfer-jit-cache has code for 10.0a, none of which runs on sm_120 (--arch)"
+    ]
+    assert report["not_checked"] == [
+        "the 0 recipes' modules were not loaded: torch is not installed here, and FlashInfer "
+        "loads its modules only with it"
+    ]
+    assert output.startswith("CUDA: torch not installed, jit-cache built with 13.0\n")

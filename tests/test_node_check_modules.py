@@ -151,25 +151,28 @@ def test_every_flashinfer_module_is_loaded_and_each_failure_named(
         assert f"  FAIL {problem}" in output.splitlines()
 
 
-def test_a_profile_names_the_recipes_instead_of_the_wheel(
+def test_a_profile_is_read_from_what_the_jit_cache_records(
     site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """--profile reads ./profiles.toml: a node checks a profile the wheel may not carry."""
+    """--profile NAME takes the recipes of that profile as the installed jit-cache records
+    them; a profiles.toml in the working directory is never read (it used to be, and its
+    recipes evaluated: code run by whoever could write there)."""
+    marker = tmp_path / "planted-recipe-ran"
     (tmp_path / "profiles.toml").write_text(
         textwrap.dedent(
-            """
-            [modules.trtllm_comm]
-            call = "flashinfer.comm:gen_trtllm_comm_module()"
-            [modules.elsewhere]
-            call = "flashinfer.elsewhere:gen()"
+            f"""
+            [modules.planted]
+            call = "os:system('touch {marker}')"
             [profiles.comm]
-            modules = ["trtllm_comm"]
+            modules = ["planted"]
             [profiles.wide]
-            modules = ["trtllm_comm", "elsewhere"]
+            modules = ["planted"]
             """
         )
     )
-    node(site, {"trtllm_comm": "flashinfer.comm:gen_trtllm_comm_module()"})
+    comm = {"trtllm_comm": "flashinfer.comm:gen_trtllm_comm_module()"}
+    wide = {**comm, "elsewhere": "flashinfer.elsewhere:gen()"}
+    node(site, comm, profiles={"comm": comm, "wide": wide})
     status, output, report = run(tmp_path, capsys, "--arch", "12.0", "--profile", "wide")
     assert status == 1
     # No FlashInfer here at all: each recipe says so.
@@ -177,6 +180,14 @@ def test_a_profile_names_the_recipes_instead_of_the_wheel(
     assert all("'flashinfer' is not installed here" in p for p in report["problems"])
     assert len(report["problems"]) == 2
     assert "0 of 2 modules of 2 recipes" in output
+    (tmp_path / "report.json").unlink()
+    status, output, report = run(tmp_path, capsys, "--arch", "12.0", "--profile", "served")
+    assert status == 1 and report is None
+    assert output == (
+        "error: --profile served: the installed flashinfer-jit-cache records no such profile "
+        "(it records: comm, wide)\n"
+    )
+    assert not marker.exists()
 
 
 def test_sglangs_kernels_load_with_jit_off_nvcc_hidden_and_an_empty_cache(

@@ -53,6 +53,12 @@ class Profiles:
         return {name: self.recipes[name].call for name in dict.fromkeys(names)}
 
 
+    def recorded(self) -> dict[str, dict[str, str]]:
+        """Every profile as recipe -> call: what the jit-cache wheel records, so that a node
+        checks a profile from what it installed, never from a file beside it."""
+        return {name: self.select(name, []) for name in sorted(self.profiles)}
+
+
 def load(path: Path) -> Profiles:
     """profiles.toml and the files its `include = [...]` names (beside it; the derived
     profiles), as one set of recipes and profiles; a name defined twice is refused."""

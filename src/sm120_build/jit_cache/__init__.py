@@ -24,7 +24,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import fetch, glibc, toolkit, vendor, wheels
+from .. import fetch, glibc, profiles, toolkit, vendor, wheels
 from ..cache import (
     cached_wheel,
     digest,
@@ -263,6 +263,9 @@ def assemble(
         "toolkit": first["toolkit"],
         "archs": first["archs"],
         "recipes": first["recipes"],
+        # Every profile, so that `sm120-node-check --profile NAME` evaluates only recipes
+        # the node installed with a checked hash.
+        "profiles": profiles.load(layout.profiles_file).recorded(),
         "modules": modules,
         "compile_commands": sorted(commands),
     }

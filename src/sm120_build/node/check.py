@@ -1,16 +1,18 @@
 """`sm120-node-check` (or `nox -s node_check` from a checkout): on a serving node, prove that
 FlashInfer and sglang will not JIT-compile.
 
-Runs where torch and the wheelhouse's wheels are installed; it installs nothing unless
---install DIR asks it to. For every module of
-the profile (by default the recipes the installed jit-cache wheel records it was built
-from), it asks the installed FlashInfer for the module, as the serving path would, and
-loads it with FLASHINFER_DISABLE_JIT=1. It fails, naming the cause, when
+Runs where the wheelhouse's wheels are installed; it installs nothing unless --install DIR
+asks it to. It reports, with no GPU needed:
 
-- a module would be JIT-compiled (no prebuilt .so), or fails to load;
-- the jit-cache wheel carries no code for this GPU's arch (its provenance's arch list
-  against torch.cuda.get_device_capability(), or --arch MAJOR.MINOR without a GPU);
-- flashinfer-python and flashinfer-jit-cache come from different patch series.
+- the versions and patch series of flashinfer-python and flashinfer-jit-cache, which must
+  be one build's;
+- the archs the jit-cache holds code for, which must cover the GPU (or --arch MAJOR.MINOR);
+- the CUDA the jit-cache was built with, against the driver's.
+
+Then, where torch and a GPU (or --arch) are there, it loads every module of the profile (by
+default the recipes the jit-cache records it was built from) as the serving path does, with
+JIT compilation disabled, and fails, naming the module, when one would be compiled or does
+not load. What it could not check, and why, is said at the end, and fails the check too.
 """
 
 from __future__ import annotations
@@ -22,17 +24,14 @@ import json
 import os
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from .. import sglang_kernels
 from ..errors import UserError, exit_status
 from ..layout import PROVENANCE_FILE
-from ..profiles import load as load_profiles
-from ..profiles import specs_of
 from .install import add_node_options, disable_jit, install_checked
+from .loads import check
 
 _SERIES = re.compile(r"^p[0-9a-f]{8}$")
 
@@ -76,15 +75,14 @@ def runs_on(arch: str, major: int, minor: int) -> bool:
     return built_minor == minor if suffix == "a" else built_minor <= minor
 
 
-def cuda_versions(toolkit: dict[str, Any] | None, gpu: bool) -> list[str]:
+def cuda_versions(toolkit: dict[str, Any] | None, torch: Any, gpu: bool) -> list[str]:
     """Say which CUDA each part is for: the node's torch, the jit-cache's toolkit, and (with
     a GPU) the driver; a driver too old for the toolkit cannot run the modules at all."""
-    import torch
-
     built = str((toolkit or {}).get("cuda", "?"))
-    line = f"CUDA: torch {torch.version.cuda or 'CPU only'}, jit-cache built with {built}"
+    torch_cuda = "not installed" if torch is None else (torch.version.cuda or "CPU only")
+    line = f"CUDA: torch {torch_cuda}, jit-cache built with {built}"
     problems = []
-    if gpu and torch.cuda.is_available():
+    if gpu:
         import pynvml  # nvidia-ml-py, which FlashInfer requires
 
         pynvml.nvmlInit()
@@ -113,117 +111,61 @@ def driver_problems(built: str, driver: tuple[int, int]) -> list[str]:
     ]
 
 
-def device_arch(requested: str | None) -> tuple[int, int, str]:
-    """(major, minor, how it was found): --arch, else the first visible GPU."""
+def importable_torch() -> Any:
+    """torch, or None where it is not installed (FlashInfer's modules load only with it)."""
+    try:
+        import torch
+    except ModuleNotFoundError:
+        return None
+    return torch
+
+
+def device_arch(requested: str | None, torch: Any) -> tuple[tuple[int, int] | None, str]:
+    """((major, minor), how it was found), or (None, why there is none): --arch, else the
+    first visible GPU."""
     if requested is not None:
         # The build's spellings too: a node checks for the GPU, whatever the suffix built.
         match = re.fullmatch(r"(\d+)\.(\d)[af]?", requested)
         if match is None:
             raise UserError(f"--arch {requested!r}: expected MAJOR.MINOR, e.g. 12.0 (or 12.0f)")
-        return int(match.group(1)), int(match.group(2)), "--arch"
-    import torch
-
+        return (int(match.group(1)), int(match.group(2))), "--arch"
+    if torch is None:
+        return None, "torch is not installed here, so no GPU could be asked for its arch"
     if not torch.cuda.is_available():
-        raise UserError("no CUDA GPU is visible; on a machine without one, pass --arch 12.0")
+        return None, "no CUDA GPU is visible; on a machine without one, pass --arch 12.0"
     major, minor = torch.cuda.get_device_capability(0)
-    return major, minor, torch.cuda.get_device_name(0)
+    return (major, minor), str(torch.cuda.get_device_name(0))
 
 
-def check_sglang_kernel(recipe: str, call: str, major: int) -> tuple[dict[str, Any], list[str]]:
-    """Load one of sglang's own JIT kernels as the serving path does (its loader, through
-    the installed sglang's load_jit), with SGLANG_DISABLE_JIT=1, no nvcc on PATH and an
-    empty tvm-ffi cache: it loads from the jit-cache wheel, or the check names it."""
-    result: dict[str, Any] = {"module": recipe, "recipe": recipe, "aot": False, "loaded": False}
-    with tempfile.TemporaryDirectory(prefix="tvm-ffi-cache-") as empty:
-        saved = {name: os.environ.get(name) for name in ("PATH", "TVM_FFI_CACHE_DIR")}
-        os.environ.update(
-            SGLANG_DISABLE_JIT="1",
-            TVM_FFI_CACHE_DIR=empty,
-            PATH=os.pathsep.join(
-                d for d in os.environ.get("PATH", "").split(os.pathsep) if not _has_nvcc(d)
-            ),
+def recorded_recipes(jit_cache: dict[str, Any], profile: str | None) -> dict[str, str]:
+    """The recipes to check: those the jit-cache was built from, or a profile the installed
+    jit-cache records. Never read from a file in the working directory: a recipe is code,
+    and only what the node installed with a checked hash is evaluated."""
+    if profile is None:
+        recipes: dict[str, str] = jit_cache["recipes"]
+        return recipes
+    recorded: dict[str, dict[str, str]] = jit_cache.get("profiles", {})
+    if profile not in recorded:
+        known = ", ".join(sorted(recorded)) or "none (it was built before profiles were recorded)"
+        raise UserError(
+            f"--profile {profile}: the installed flashinfer-jit-cache records no such profile "
+            f"(it records: {known})"
         )
-        started = time.perf_counter()
-        try:
-            module = sglang_kernels.evaluate(call, major)
-        except Exception as exc:  # report every kernel, then fail once
-            return result, [f"{recipe}: sglang's kernel does not load prebuilt: {exc}"]
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-        compiled = sorted(p.name for p in Path(empty).iterdir())
-    if module is None:
-        return result, [f"{recipe}: sglang's loader gave no module"]
-    result.update(aot=not compiled, load_seconds=time.perf_counter() - started)
-    if compiled:
-        return result, [f"{recipe}: sglang compiled {', '.join(compiled)} with tvm-ffi"]
-    result["loaded"] = True
-    return result, []
-
-
-def _has_nvcc(directory: str) -> bool:
-    return bool(directory) and (Path(directory) / "nvcc").exists()
-
-
-def check(recipes: dict[str, str], major: int) -> tuple[list[dict[str, Any]], list[str]]:
-    """Load every module the recipes name; return (per-module results, problems)."""
-    results: list[dict[str, Any]] = []
-    problems: list[str] = []
-    for recipe, call in recipes.items():
-        if sglang_kernels.is_sglang_call(call):
-            kernel, found = check_sglang_kernel(recipe, call, major)
-            results.append(kernel)
-            problems += found
-            continue
-        try:
-            specs = specs_of(call)
-        except ModuleNotFoundError as exc:
-            problems.append(
-                f"{recipe}: the Python package {exc.name!r} is not installed here, which "
-                f"FlashInfer needs for it: install it (pip install {exc.name}), or the whole "
-                "environment sglang 0.5.9 needs"
-            )
-            results.append({"module": None, "recipe": recipe, "aot": False, "loaded": False})
-            continue
-        except Exception as exc:  # e.g. an SM12x-only generator on another GPU
-            problems.append(f"{recipe}: FlashInfer does not make it for this GPU ({exc})")
-            results.append({"module": None, "recipe": recipe, "aot": False, "loaded": False})
-            continue
-        for spec in specs:
-            if any(r["module"] == spec.name for r in results):
-                continue  # FlashInfer's generators repeat some modules (as build.py dedupes)
-            result: dict[str, Any] = {
-                "module": spec.name,
-                "recipe": recipe,
-                "aot": spec.is_aot,
-                "loaded": False,
-            }
-            if not spec.is_aot:
-                problems.append(f"{spec.name} ({recipe}) would be JIT-compiled: no prebuilt .so")
-            else:
-                started = time.perf_counter()
-                try:
-                    spec.build_and_load()
-                    result["loaded"] = True
-                except Exception as exc:  # report every module, then fail once
-                    problems.append(f"{spec.name} ({recipe}) does not load: {exc}")
-                result["load_seconds"] = time.perf_counter() - started
-            results.append(result)
-    return results, problems
+    return recorded[profile]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="node_check", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="node_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument(
         "--arch", metavar="MAJOR.MINOR", help="check for this GPU arch instead of the GPU's"
     )
     parser.add_argument(
         "--profile",
         metavar="NAME",
-        help="check this profile of profiles.toml instead of what the wheel was built from",
+        help="check this profile, as the installed jit-cache records it, instead of what the "
+        "wheel was built from",
     )
     parser.add_argument("--json", type=Path, help="also write the findings to this file")
     add_node_options(parser)
@@ -232,10 +174,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    torch = importable_torch()
     if args.install is not None:
+        if torch is None:
+            raise UserError(
+                f"torch is not installed in {sys.prefix}: the node check runs in the Python "
+                "that serves sglang, which holds torch (`python -m nox -s node_check` from "
+                "that environment). Nothing was installed."
+            )
         install_checked(args.install)
     disable_jit()
     problems: list[str] = []
+    not_checked: list[str] = []
     jit_cache = provenance("flashinfer-jit-cache")
     python = provenance("flashinfer-python")
     versions = {
@@ -250,53 +200,71 @@ def _run(args: argparse.Namespace) -> int:
         )
     if python["patches"] != jit_cache["patches"]:
         problems.append("flashinfer-python and flashinfer-jit-cache record different patches")
-
-    major, minor, source = device_arch(args.arch)
-    problems += cuda_versions(jit_cache["toolkit"], gpu=args.arch is None)
     archs: list[str] = jit_cache["archs"]
-    if not any(runs_on(arch, major, minor) for arch in archs):
-        problems.append(
-            f"flashinfer-jit-cache has code for {', '.join(archs)}, none of which runs on "
-            f"sm_{major}{minor} ({source})"
-        )
-    # FlashInfer picks arch-dependent code paths from this list, as on a node with that GPU.
-    os.environ["FLASHINFER_CUDA_ARCH_LIST"] = f"{major}.{minor}{'a' if major >= 9 else ''}"
-
-    if args.profile is not None:
-        recipes = load_profiles(Path("profiles.toml")).select(args.profile, [])
+    recipes = recorded_recipes(jit_cache, args.profile)
+    arch, source = device_arch(args.arch, torch)
+    problems += cuda_versions(
+        jit_cache["toolkit"], torch, gpu=args.arch is None and arch is not None
+    )
+    print(
+        f"node_check: {f'sm_{arch[0]}{arch[1]} ({source})' if arch else 'no GPU arch'}; "
+        f"flashinfer {versions['flashinfer-python']}, "
+        f"jit-cache {versions['flashinfer-jit-cache']} ({', '.join(archs)})"
+    )
+    results: list[dict[str, Any]] = []
+    if arch is None:
+        not_checked.append(f"the {len(recipes)} recipes' modules were not loaded: {source}")
     else:
-        recipes = jit_cache["recipes"]
+        major, minor = arch
+        if not any(runs_on(built, major, minor) for built in archs):
+            problems.append(
+                f"flashinfer-jit-cache has code for {', '.join(archs)}, none of which runs on "
+                f"sm_{major}{minor} ({source})"
+            )
+        # FlashInfer picks arch-dependent code paths from this list, as on a node with that GPU.
+        os.environ["FLASHINFER_CUDA_ARCH_LIST"] = f"{major}.{minor}{'a' if major >= 9 else ''}"
+        if torch is None:
+            not_checked.append(
+                f"the {len(recipes)} recipes' modules were not loaded: torch is not installed "
+                "here, and FlashInfer loads its modules only with it"
+            )
+        else:
+            results, load_problems = _load_modules(recipes, major)
+            problems += load_problems
+    jit = sum(1 for r in results if not r["aot"] and r["module"] is not None)
+    report = {
+        "device": {"major": arch[0], "minor": arch[1], "source": source} if arch else None,
+        "versions": versions,
+        "archs": archs,
+        "jit_compiles": jit,
+        "modules": results,
+        "problems": problems,
+        "not_checked": not_checked,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    for problem in problems:
+        print(f"  FAIL {problem}")
+    for reason in not_checked:
+        print(f"  NOT CHECKED {reason}")
+    return 1 if problems or not_checked else 0
 
+
+def _load_modules(recipes: dict[str, str], major: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """Load every module the recipes name, and say how it went in one line."""
     started = time.perf_counter()
-    results, load_problems = check(recipes, major)
-    problems += load_problems
+    results, problems = check(recipes, major)
     total = time.perf_counter() - started
     jit = sum(1 for r in results if not r["aot"] and r["module"] is not None)
     loaded = [r for r in results if r["loaded"]]
     slowest = sorted(loaded, key=lambda r: -float(r["load_seconds"]))[:5]
-    print(
-        f"node_check: sm_{major}{minor} ({source}); flashinfer {versions['flashinfer-python']}, "
-        f"jit-cache {versions['flashinfer-jit-cache']} ({', '.join(archs)})"
-    )
     print(
         f"  {len(loaded)} of {len(results)} modules of {len(recipes)} recipes loaded "
         f"prebuilt, {len(results) - len(loaded)} did not ({jit} would JIT-compile); "
         f"{total:.2f} s; slowest: "
         + ", ".join(f"{r['module']} {r['load_seconds']:.3f} s" for r in slowest)
     )
-    report = {
-        "device": {"major": major, "minor": minor, "source": source},
-        "versions": versions,
-        "archs": archs,
-        "jit_compiles": jit,
-        "modules": results,
-        "problems": problems,
-    }
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    for problem in problems:
-        print(f"  FAIL {problem}")
-    return 1 if problems else 0
+    return results, problems
 
 
 if __name__ == "__main__":

@@ -1,0 +1,101 @@
+"""Loading each module of a profile as the serving path does, with every JIT switched off:
+FlashInfer's modules through its own generators (FLASHINFER_DISABLE_JIT=1), sglang's own
+kernels through sglang's load_jit (SGLANG_DISABLE_JIT=1, no nvcc on PATH, an empty tvm-ffi
+cache). Each outcome is a result row, each failure a problem naming the module."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import sglang_kernels
+from ..profiles import specs_of
+
+
+def check_sglang_kernel(recipe: str, call: str, major: int) -> tuple[dict[str, Any], list[str]]:
+    """Load one of sglang's own JIT kernels as the serving path does (its loader, through
+    the installed sglang's load_jit), with SGLANG_DISABLE_JIT=1, no nvcc on PATH and an
+    empty tvm-ffi cache: it loads from the jit-cache wheel, or the check names it."""
+    result: dict[str, Any] = {"module": recipe, "recipe": recipe, "aot": False, "loaded": False}
+    with tempfile.TemporaryDirectory(prefix="tvm-ffi-cache-") as empty:
+        saved = {name: os.environ.get(name) for name in ("PATH", "TVM_FFI_CACHE_DIR")}
+        os.environ.update(
+            SGLANG_DISABLE_JIT="1",
+            TVM_FFI_CACHE_DIR=empty,
+            PATH=os.pathsep.join(
+                d for d in os.environ.get("PATH", "").split(os.pathsep) if not _has_nvcc(d)
+            ),
+        )
+        started = time.perf_counter()
+        try:
+            module = sglang_kernels.evaluate(call, major)
+        except Exception as exc:  # report every kernel, then fail once
+            return result, [f"{recipe}: sglang's kernel does not load prebuilt: {exc}"]
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        compiled = sorted(p.name for p in Path(empty).iterdir())
+    if module is None:
+        return result, [f"{recipe}: sglang's loader gave no module"]
+    result.update(aot=not compiled, load_seconds=time.perf_counter() - started)
+    if compiled:
+        return result, [f"{recipe}: sglang compiled {', '.join(compiled)} with tvm-ffi"]
+    result["loaded"] = True
+    return result, []
+
+
+def _has_nvcc(directory: str) -> bool:
+    return bool(directory) and (Path(directory) / "nvcc").exists()
+
+
+def check(recipes: dict[str, str], major: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """Load every module the recipes name; return (per-module results, problems)."""
+    results: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for recipe, call in recipes.items():
+        if sglang_kernels.is_sglang_call(call):
+            kernel, found = check_sglang_kernel(recipe, call, major)
+            results.append(kernel)
+            problems += found
+            continue
+        try:
+            specs = specs_of(call)
+        except ModuleNotFoundError as exc:
+            problems.append(
+                f"{recipe}: the Python package {exc.name!r} is not installed here, which "
+                f"FlashInfer needs for it: install it (pip install {exc.name}), or the whole "
+                "environment sglang 0.5.9 needs"
+            )
+            results.append({"module": None, "recipe": recipe, "aot": False, "loaded": False})
+            continue
+        except Exception as exc:  # e.g. an SM12x-only generator on another GPU
+            problems.append(f"{recipe}: FlashInfer does not make it for this GPU ({exc})")
+            results.append({"module": None, "recipe": recipe, "aot": False, "loaded": False})
+            continue
+        for spec in specs:
+            if any(r["module"] == spec.name for r in results):
+                continue  # FlashInfer's generators repeat some modules (as build.py dedupes)
+            result: dict[str, Any] = {
+                "module": spec.name,
+                "recipe": recipe,
+                "aot": spec.is_aot,
+                "loaded": False,
+            }
+            if not spec.is_aot:
+                problems.append(f"{spec.name} ({recipe}) would be JIT-compiled: no prebuilt .so")
+            else:
+                started = time.perf_counter()
+                try:
+                    spec.build_and_load()
+                    result["loaded"] = True
+                except Exception as exc:  # report every module, then fail once
+                    problems.append(f"{spec.name} ({recipe}) does not load: {exc}")
+                result["load_seconds"] = time.perf_counter() - started
+            results.append(result)
+    return results, problems
