@@ -274,7 +274,7 @@ def test_what_needs_no_gpu_still_fails_without_one(
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible here")
     node(site, python_patches=PATCHES[:1])
-    status, output, report = run(tmp_path, capsys)
+    status, _, report = run(tmp_path, capsys)
     assert status == 1
     assert report["problems"] == [
         "flashinfer-python and flashinfer-jit-cache record different patches"
