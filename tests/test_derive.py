@@ -129,11 +129,18 @@ def test_the_derived_profiles_are_what_sglang_asks_for() -> None:
     # What compiles on the node outside these wheels: Qwen3-FP8's block-FP8 linears reach
     # DeepGEMM (which has no SM12x kernels in the pinned sgl_kernel), its experts Triton's
     # fused MoE; every configuration's KV index arrays are a Triton kernel.
-    text = (REPO / "profiles-derived.toml").read_text()
-    qwen = text.split('[profiles."qwen3-30b-a3b-fp8"]')[1].split("modules = [")[0]
-    assert "#   deep_gemm deep_gemm." in qwen
-    assert "fused_moe_triton_kernels.fused_moe_kernel" in qwen
-    assert text.count("create_flashinfer_kv_indices_triton (") == len(served) + 2
+    data = read_toml(REPO / "profiles-derived.toml")["profiles"]
+    qwen = [entry["name"] for entry in data["qwen3-30b-a3b-fp8"]["compiled_on_node"]]
+    assert any(name.startswith("deep_gemm deep_gemm.") for name in qwen)
+    assert any("fused_moe_triton_kernels.fused_moe_kernel" in name for name in qwen)
+    kv_index = [
+        name
+        for profile in data.values()
+        for entry in profile.get("compiled_on_node", [])
+        for name in [entry["name"]]
+        if "create_flashinfer_kv_indices_triton" in name
+    ]
+    assert len(kv_index) == len(served) + 2
     kv = {
         profile: sorted(
             re.findall(
@@ -162,12 +169,48 @@ def test_what_compiles_at_first_use_is_listed_in_its_profile(tmp_path: Path) -> 
         {"one": {**answer(mha), "first_use": [kernel]}, "two": answer(mha)},
         "0.5.9",
     )
-    one, two = text.split('[profiles."two"]')
-    assert "#   triton sglang.srt.x.kernel (sglang/srt/x.py:3), from sglang/srt/y.py:4 f\n" in one
-    assert "first use" not in two.split("[profiles.served]")[0]
     (tmp_path / "profiles-derived.toml").write_text(text)
+    profiles = read_toml(tmp_path / "profiles-derived.toml")["profiles"]
+    assert profiles["one"]["compiled_on_node"] == [kernel]
+    assert profiles["two"]["compiled_on_node"] == []
+    assert profiles["one"]["resolved"] == {"attention_backend": "flashinfer"}
     (tmp_path / "profiles.toml").write_text((REPO / "profiles.toml").read_text())
     assert load(tmp_path / "profiles.toml").profiles["one"] == (recipe_name(mha),)
+
+
+INJECTED = 'x"\n[modules.evil]\ncall = "os:system(\'touch /tmp/x\')"\n#'
+
+
+def test_text_from_the_configurations_and_sglang_stays_data(tmp_path: Path) -> None:
+    """A model name, a description, a resolved argument and a first-use entry that hold
+    TOML of their own: it used to be written as it was (the union's description joined the
+    names unescaped), so `served` became an injected recipe that the build evaluated."""
+    mha = PREFILL.format(qk=128, vo=128)
+    item = Served("one", INJECTED, Path("/m"), {}, (12, 0), ())
+    sneaky = Served(INJECTED, "d", Path("/m"), {}, (12, 0), ())
+    hostile = {
+        "resolved": {"attention_backend": INJECTED},
+        "requested": [{"call": mha, "defined_at": INJECTED, "loaded_by": [INJECTED]}],
+        "first_use": [{"name": INJECTED, "defined_at": INJECTED, "loaded_by": [INJECTED]}],
+    }
+    text = render([item, sneaky], {"one": hostile, INJECTED: answer(mha)}, "0.5.9")
+    (tmp_path / "profiles-derived.toml").write_text(text)
+    data = read_toml(tmp_path / "profiles-derived.toml")
+    assert list(data["modules"]) == [recipe_name(mha)]
+    assert set(data["profiles"]) == {"one", INJECTED, "served"}
+    assert data["profiles"]["served"]["description"].endswith(f"one, {INJECTED}")
+    assert data["profiles"]["one"]["description"] == INJECTED
+    assert data["profiles"]["one"]["resolved"] == {"attention_backend": INJECTED}
+
+
+def test_a_served_configuration_name_must_be_plain(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "served-models.toml").write_text(
+        '[models."x\\"y"]\nmodel = "m"\narch = "12.0"\n'
+    )
+    with pytest.raises(UserError, match="served configuration 'x\"y' is not a plain name"):
+        load_served(tmp_path)
 
 
 def test_a_call_a_hand_written_recipe_makes_is_named_by_it() -> None:

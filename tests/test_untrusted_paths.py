@@ -4,7 +4,9 @@ the directory they are meant for, and no command deletes what it cannot prove it
 from __future__ import annotations
 
 import os
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,7 @@ from sm120_build.errors import UserError
 from sm120_build.pins import load as load_pins
 from sm120_build.profiles import load as load_profiles
 
-from .conftest import REPO
+from .conftest import REPO, fixture_upstream, make_tarball
 
 REAL_PINS = (REPO / "pins.toml").read_text()
 
@@ -106,3 +108,54 @@ def test_names_in_profiles_are_plain(tmp_path: Path, text: str, message: str) ->
     path.write_text(text)
     with pytest.raises(UserError, match=message.replace(".", r"\.")):
         load_profiles(path)
+
+
+LIMIT = 64 * 1024  # bytes a file of the fetch may reach: as if the disk were full there
+
+
+def _limited_file_size() -> None:
+    """In the child: writes past LIMIT fail with an OSError that names no file (EFBIG), as a
+    full disk's ENOSPC does, instead of killing the process."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
+
+
+def test_a_full_disk_while_fetching_names_the_path_and_keeps_nothing(tmp_path: Path) -> None:
+    """It printed "unexpected OSError ... This is a bug", without the path."""
+    links = tmp_path / "links"
+    links.mkdir()
+    sdist = make_tarball(
+        links / "demo-1.0.tar.gz", {"big.bin": os.urandom(4 * LIMIT).hex()}, top="demo-1.0"
+    )
+    upstream = fixture_upstream(sdist)
+    root = tmp_path / "project"
+    (root / "patches" / "demo").mkdir(parents=True)
+    (root / "patches" / "demo" / "series").write_text("")
+    (root / "pins.toml").write_text(
+        f'[upstream.demo]\nproject = "demo"\nversion = "1.0"\nsdist = "{sdist.name}"\n'
+        f'sha256 = "{upstream.sha256}"\ngit_url = ""\ngit_tag = ""\ngit_commit = ""\n'
+        '[toolkit]\nrequirement = "cuda-toolkit==13.0.2"\n'
+    )
+    env = dict(
+        os.environ,
+        SM120_CACHE_DIR=str(root / ".cache"),
+        PIP_CONFIG_FILE=os.devnull,
+        PIP_FIND_LINKS=str(links),
+        PIP_NO_INDEX="1",
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "sm120_build", "vendor"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        preexec_fn=_limited_file_size,
+    )
+    assert result.returncode == 1, result.stderr
+    sdists = root / ".cache" / "sdists"
+    assert f"error: cannot write {sdists}/" in result.stderr
+    assert f"/{sdist.name} ({sdist.stat().st_size} bytes): File too large; nothing of it" in (
+        result.stderr
+    )
+    assert "This is a bug" not in result.stderr
+    assert [p for p in sdists.rglob("*") if p.is_file()] == []

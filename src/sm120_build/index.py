@@ -264,6 +264,14 @@ def download(link: Link, destination: Path, sources: Sources, timeout: float) ->
     if data is None:
         raise UserError(f"{_without_credentials(link.url)} is listed but not served (HTTP 404)")
     partial = destination.with_name(f".{destination.name}.partial")
-    partial.write_bytes(data)
-    os.replace(partial, destination)
+    try:
+        partial.write_bytes(data)
+        os.replace(partial, destination)
+    except OSError as exc:
+        # A full disk raises without a file name: name it, and keep nothing half-written.
+        partial.unlink(missing_ok=True)
+        raise UserError(
+            f"cannot write {destination} ({len(data)} bytes): {exc.strerror or exc}; nothing "
+            "of it was kept. Free space there (or set SM120_CACHE_DIR elsewhere) and run again."
+        ) from None
     return hashlib.sha256(data).hexdigest()
