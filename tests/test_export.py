@@ -229,3 +229,82 @@ def test_patches_are_plain_diffs_whatever_the_trees_git_config_says(vendored: An
     assert "--- a/src/code.txt\n+++ /dev/null\n" in patch
     assert "--- /dev/null\n+++ b/src/moved.txt\n" in patch
     assert vendor_upstream(upstream, sdist, series, tree) is False  # the export is current
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["--- a note that looks like a diff", "Index: see the table below", "diff --git a/x b/x"],
+)
+def test_a_header_line_read_as_a_diff_start_is_refused_before_writing(
+    vendored: Any, line: str
+) -> None:
+    """A message line at column 0 that starts as a diff does passed the header check; the
+    patch was written, then export's own re-read (and every later vendor) refused it."""
+    upstream, _, series, tree = vendored
+    (tree / "src" / "code.txt").write_text("changed\n")
+    git(tree, "commit", "-qam", f"Description: a change\n{HEADER}{line}\n")
+    message = refused(upstream, tree, series)
+    assert message.startswith("vendor/demo commit ")
+    assert f"its message has the line {line!r}, which starts at the line's first character" in (
+        message
+    )
+    assert message.endswith("Nothing was written to patches/.")
+
+
+def test_an_indented_look_alike_line_is_exported(vendored: Any) -> None:
+    upstream, _, series, tree = vendored
+    (tree / "src" / "code.txt").write_text("changed\n")
+    git(tree, "commit", "-qam", f"Description: a change\n {'---'} a note\n{HEADER}")
+    written = export_patches(upstream, tree, series)
+    assert written[-1] == "0004-a-change.patch"
+
+
+def test_a_change_to_a_file_that_is_not_utf8_is_refused_by_name(vendored: Any) -> None:
+    """It crashed the export with an unexpected UnicodeDecodeError ("a bug")."""
+    upstream, _, series, tree = vendored
+    (tree / "src" / "latin1.txt").write_bytes("caf\u00e9 cr\u00e8me\n".encode("latin-1"))
+    git(tree, "add", "src/latin1.txt")
+    git(tree, "commit", "-qm", f"Description: a latin-1 file\n{HEADER}")
+    message = refused(upstream, tree, series)
+    assert message.startswith("vendor/demo commit ")
+    assert " changes src/latin1.txt, which is not UTF-8 text; patches are UTF-8 text" in message
+
+
+def test_a_message_that_is_not_utf8_is_refused_by_name(vendored: Any) -> None:
+    """git itself re-encodes a message it is given, so the commit is written as an object."""
+    upstream, _, series, tree = vendored
+    (tree / "src" / "code.txt").write_text("changed\n")
+    git(tree, "add", "src/code.txt")
+    written_tree = git(tree, "write-tree").stdout.strip()
+    parent = git(tree, "rev-parse", "HEAD").stdout.strip()
+    who = "me <me@localhost> 946684800 +0000"
+    raw = (
+        f"tree {written_tree}\nparent {parent}\nauthor {who}\ncommitter {who}\n\n".encode()
+        + b"Description: caf\xe9\nAuthor: me\nForwarded: no\n"
+    )
+    (tree.parent / "commit").write_bytes(raw)
+    made = git(tree, "hash-object", "-t", "commit", "-w", str(tree.parent / "commit"))
+    git(tree, "reset", "--quiet", "--soft", made.stdout.strip())
+    message = refused(upstream, tree, series)
+    assert message.endswith(
+        "its message is not UTF-8 text; a patch header is. Reword it (git commit --amend) "
+        "and export again."
+    )
+
+
+def test_a_series_file_that_is_a_link_is_never_written_through(
+    vendored: Any, tmp_path: Path
+) -> None:
+    upstream, _, series, tree = vendored
+    outside = tmp_path / "outside.txt"
+    outside.write_text((series / "series").read_text())
+    before = outside.read_text()
+    (series / "series").unlink()
+    (series / "series").symlink_to(outside)
+    (tree / "src" / "code.txt").write_text("changed\n")
+    git(tree, "commit", "-qam", f"Description: a change\n{HEADER}")
+    with pytest.raises(UserError) as error:
+        export_patches(upstream, tree, series)
+    assert str(error.value).startswith(f"{series / 'series'}: a symbolic link where export")
+    assert outside.read_text() == before
+    assert not (series / "0004-a-change.patch").exists()

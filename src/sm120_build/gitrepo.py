@@ -65,10 +65,27 @@ def git(
     return result
 
 
+def git_bytes(repo: Path, *args: str) -> bytes:
+    """git's output as bytes, for what may not be UTF-8 text (a diff, a message)."""
+    result = subprocess.run(
+        ["git", *_SAFE_OPTIONS, *args], cwd=repo, env=git_environment(repo), capture_output=True
+    )
+    if result.returncode != 0:
+        stderr = result.stderr.decode(errors="replace").strip()
+        raise UserError(f"git {' '.join(args)} failed in {repo}:\n{stderr}")
+    return result.stdout
+
+
 def commit_message(repo: Path, commit: str) -> str:
     """The message exactly as stored (git log would re-indent and re-wrap it)."""
-    raw = git(repo, "cat-file", "commit", commit).stdout
-    return raw.split("\n\n", 1)[1]
+    raw = git_bytes(repo, "cat-file", "commit", commit).split(b"\n\n", 1)[1]
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise UserError(
+            f"{repo.name} commit {commit[:12]}: its message is not UTF-8 text; a patch header "
+            "is. Reword it (git commit --amend) and export again."
+        ) from None
 
 
 def head(repo: Path) -> str:

@@ -65,6 +65,13 @@ def dep3_problems(header: str) -> list[str]:
     ]
 
 
+def diff_start_in_header(header: str) -> str | None:
+    """The first line of a would-be header that a reader of the patch (quilt, git apply,
+    read_patch) takes for the start of its diff, if there is one."""
+    match = _DIFF_START.search(header)
+    return header[match.start() :].split("\n", 1)[0] if match else None
+
+
 def split_patch(text: str) -> tuple[str, str]:
     match = _DIFF_START.search(text)
     if match is None:

@@ -52,7 +52,6 @@ class Profiles:
             names.append(module)
         return {name: self.recipes[name].call for name in dict.fromkeys(names)}
 
-
     def recorded(self) -> dict[str, dict[str, str]]:
         """Every profile as recipe -> call: what the jit-cache wheel records, so that a node
         checks a profile from what it installed, never from a file beside it."""

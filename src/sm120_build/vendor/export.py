@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import re
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from ..console import say
 from ..errors import UserError
-from ..gitrepo import commit_message, git, head
+from ..gitrepo import commit_message, git, git_bytes, head
+from ..files import replace_text
 from ..patches import (
     dep3_problems,
+    diff_start_in_header,
     load_series,
     parse_dep3,
     patch_file_name,
@@ -59,6 +62,58 @@ def _check_reproduces_head(tree: Path, base: str, rendered: dict[str, str], labe
         )
 
 
+def _diff_text(tree: Path, commit: str, label: str) -> str:
+    """The commit's change as a plain a/ b/ diff, whatever the tree's git config says; a
+    change to a file that is not UTF-8 text is refused, naming the file."""
+    diff = git_bytes(
+        tree,
+        "diff",
+        "--no-color",
+        "--no-ext-diff",
+        "--no-renames",
+        "--src-prefix=a/",
+        "--dst-prefix=b/",
+        f"{commit}^",
+        commit,
+    )
+    try:
+        return diff.decode()
+    except UnicodeDecodeError:
+        sections = re.split(rb"^(?=diff --git )", diff, flags=re.M)
+        files = [
+            section.split(b"\n", 1)[0].decode(errors="replace").split(" b/", 1)[-1]
+            for section in sections
+            if section and _undecodable(section)
+        ]
+        raise UserError(
+            f"{label} commit {commit[:12]} changes {', '.join(files)}, which is not UTF-8 "
+            "text; patches are UTF-8 text (quilt and this tool read them so). Convert the "
+            "file to UTF-8 in that commit, or leave its change out. Nothing was written to "
+            "patches/."
+        ) from None
+
+
+def _undecodable(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def _refuse_links(series_dir: Path, names: list[str]) -> None:
+    """patches/<name>/ and the files an export writes there must be the project's own
+    files, not links that would send the writes elsewhere."""
+    links = [series_dir] if series_dir.is_symlink() else []
+    links += [series_dir / name for name in names if (series_dir / name).is_symlink()]
+    if links:
+        raise UserError(
+            f"{', '.join(str(link) for link in links)}: a symbolic link where export writes "
+            "a patch series; it writes only the project's own files. Replace the link by the "
+            "file it stands for. Nothing was written to patches/."
+        )
+
+
 def export_patches(upstream: Upstream, tree: Path, series_dir: Path) -> list[str]:
     """Regenerate series_dir from the commits above the pristine base in `tree`.
 
@@ -100,6 +155,15 @@ def export_patches(upstream: Upstream, tree: Path, series_dir: Path) -> list[str
                 f"{label} commit {commit[:12]}: its message is the patch header and lacks "
                 f"{'; '.join(missing)}. Reword it (git commit --amend) and export again."
             )
+        early = diff_start_in_header(message)
+        if early is not None:
+            raise UserError(
+                f"{label} commit {commit[:12]}: its message has the line {early!r}, which "
+                "starts at the line's first character as a diff does ('diff --git ', '--- ' "
+                "or 'Index: '): quilt, git apply and this tool would take the patch's diff to "
+                "start there. Indent that line (git commit --amend) and export again. "
+                "Nothing was written to patches/."
+            )
     subjects = [_subject(message) for message in messages]
     repeated = sorted({subject for subject in subjects if subjects.count(subject) > 1})
     if repeated:
@@ -132,27 +196,18 @@ def export_patches(upstream: Upstream, tree: Path, series_dir: Path) -> list[str
         while own is None and name in taken | set(rendered):
             suffix += 1
             name = patch_file_name(index, subject, suffix)
-        diff = git(
-            tree,
-            "diff",
-            "--no-color",
-            "--no-ext-diff",
-            "--no-renames",
-            "--src-prefix=a/",
-            "--dst-prefix=b/",
-            f"{commit}^",
-            commit,
-        ).stdout
+        diff = _diff_text(tree, commit, label)
         rendered[name] = render_patch(message, diff)
 
     # Comment lines (such as bump's records of dropped patches) are kept, at the top.
     comments = [line for line in _series_text(series_dir).splitlines() if line.startswith("#")]
     series_text = "".join(f"{line}\n" for line in [*comments, *rendered])
     _check_reproduces_head(tree, state.base, rendered, label)
+    _refuse_links(series_dir, [*rendered, "series"])
     series_dir.mkdir(parents=True, exist_ok=True)
     for name, text in rendered.items():
-        (series_dir / name).write_text(text)
-    (series_dir / "series").write_text(series_text)
+        replace_text(series_dir / name, text)
+    replace_text(series_dir / "series", series_text)
     for name in sorted(set(old_names) - set(rendered)):
         say(
             f"patches/{tree.name}/{name} is no longer in the series; it is left in place. "
