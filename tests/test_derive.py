@@ -206,9 +206,7 @@ def test_text_from_the_configurations_and_sglang_stays_data(tmp_path: Path) -> N
 def test_a_served_configuration_name_must_be_plain(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
-    (tmp_path / "served-models.toml").write_text(
-        '[models."x\\"y"]\nmodel = "m"\narch = "12.0"\n'
-    )
+    (tmp_path / "served-models.toml").write_text('[models."x\\"y"]\nmodel = "m"\narch = "12.0"\n')
     with pytest.raises(UserError, match="served configuration 'x\"y' is not a plain name"):
         load_served(tmp_path)
 

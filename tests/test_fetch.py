@@ -94,7 +94,7 @@ def test_unknown_project_is_a_clear_error(local_index: Path, tmp_path: Path) -> 
     assert message.startswith("no demo-1.0.tar.gz for nope==1.0 in ")
     assert message.endswith(
         " (pip's configuration: `pip config list`). Check that pip reaches your package "
-        "index, and the sdist file name in pins.toml."
+        "index, and the file name in pins.toml."
     )
 
 

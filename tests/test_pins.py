@@ -41,7 +41,11 @@ def test_the_committed_pins_load() -> None:
         (GOOD_SHA, GOOD_SHA[:63] + "X", r"sha256 is not 64 lowercase hex"),
         (f'sha256 = "{GOOD_SHA}"', "sha256 = 1", r"\[upstream.flashinfer\] sha256 must be strings"),
         (f'sha256 = "{GOOD_SHA}"\n', "", r"\[upstream.flashinfer\] lacks sha256"),
-        ('sdist = "flashinfer_python-0.6.3.tar.gz"\n', "", r"lacks sdist"),
+        (
+            'sdist = "flashinfer_python-0.6.3.tar.gz"\n',
+            "",
+            r"needs either sdist and sha256, or wheels",
+        ),
         # The companion's hashes: missing, empty, malformed, not a list of strings.
         (f'sha256 = ["{CUBIN_SHA}"]', "sha256 = []", r"\[companions.flashinfer-cubin\] sha256"),
         (f'sha256 = ["{CUBIN_SHA}"]', f'sha256 = ["{CUBIN_SHA[:-1]}"]', r"companions.*64 lower"),
@@ -129,7 +133,7 @@ def test_a_small_pins_file_loads_whole(tmp_path: Path) -> None:
                 UPSTREAM_A.replace('version = "1"\n', "").replace('sdist = "a-1.tar.gz"\n', ""),
                 TOOLKIT,
             ],
-            "[upstream.a] lacks version, sdist",
+            "[upstream.a] lacks version",
         ),
         (
             [
@@ -138,7 +142,7 @@ def test_a_small_pins_file_loads_whole(tmp_path: Path) -> None:
                 ),
                 TOOLKIT,
             ],
-            "[upstream.a] version, sdist must be strings",
+            "[upstream.a] version must be strings",
         ),
     ],
 )

@@ -20,7 +20,7 @@ from . import index
 from .cache import scratch_directory, sha256_of
 from .console import say
 from .errors import UserError
-from .pins import Upstream
+from .pins import Artifact, Upstream
 
 FETCH_TIMEOUT = 120.0  # seconds for one request to an index
 
@@ -95,52 +95,63 @@ def fetch_pinned_wheel(spec: str, cache: Path) -> Path:
         return Path(shutil.move(str(wheels[0]), entry / wheels[0].name))
 
 
+def cached_path(artifact: Artifact, sdists: Path) -> Path:
+    return sdists / artifact.sha256 / artifact.file
+
+
 def cached_sdist_path(upstream: Upstream, sdists: Path) -> Path:
-    return sdists / upstream.sha256 / upstream.sdist
+    return cached_path(upstream.source, sdists)
 
 
 def fetch_sdist(upstream: Upstream, sdists: Path) -> Path:
-    """Return the verified sdist for `upstream`, downloading it only when the cache lacks it.
+    """The verified file the vendor tree of `upstream` is made from (its sdist, or its first
+    wheel), downloaded only when the cache lacks it."""
+    return fetch_artifact(upstream, upstream.source, sdists)
+
+
+def fetch_artifact(upstream: Upstream, artifact: Artifact, sdists: Path) -> Path:
+    """Return the verified `artifact` of `upstream`, downloading it only when the cache lacks
+    it.
 
     Located in the places pip is configured to look and downloaded by name (index.py), never
-    through `pip download`, which would run the sdist's build backend to read its metadata;
+    through `pip download`, which would run an sdist's build backend to read its metadata;
     nothing of a file whose sha256 differs from the pin is kept."""
-    target = cached_sdist_path(upstream, sdists)
+    target = cached_path(artifact, sdists)
     if target.is_file():
-        if sha256_of(target) == upstream.sha256:
+        if sha256_of(target) == artifact.sha256:
             return target
         say(f"cached {target} does not match its pin; fetching it again")
         target.unlink()
 
     sources = index.pip_sources()
-    say(f"fetching {upstream.sdist} ({upstream.project}=={upstream.version}) through pip's sources")
+    say(f"fetching {artifact.file} ({upstream.project}=={upstream.version}) through pip's sources")
     links = [
         link
         for link in index.project_links(sources, upstream.project, FETCH_TIMEOUT)
-        if link.name == upstream.sdist
+        if link.name == artifact.file
     ]
     if not links:
         raise UserError(
-            f"no {upstream.sdist} for {upstream.project}=={upstream.version} in "
+            f"no {artifact.file} for {upstream.project}=={upstream.version} in "
             f"{sources.describe()} (pip's configuration: `pip config list`). Check that pip "
-            "reaches your package index, and the sdist file name in pins.toml."
+            "reaches your package index, and the file name in pins.toml."
         )
     mismatches: list[str] = []
     with scratch_directory(sdists, "download") as scratch:  # makes sdists/
         for link in links:
-            if link.sha256 is not None and link.sha256 != upstream.sha256:
+            if link.sha256 is not None and link.sha256 != artifact.sha256:
                 mismatches.append(link.sha256)  # the index says so: not even downloaded
                 continue
-            got = index.download(link, scratch / upstream.sdist, sources, FETCH_TIMEOUT)
-            if got == upstream.sha256:
+            got = index.download(link, scratch / artifact.file, sources, FETCH_TIMEOUT)
+            if got == artifact.sha256:
                 target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(scratch / upstream.sdist, target)
+                os.replace(scratch / artifact.file, target)
                 return target
             mismatches.append(got)
     raise UserError(
-        f"sha256 mismatch for {upstream.sdist} ({upstream.project}=={upstream.version}): the "
+        f"sha256 mismatch for {artifact.file} ({upstream.project}=={upstream.version}): the "
         f"index serves a file whose hash is not the pinned one.\n"
-        f"  Expected sha256 {upstream.sha256}\n"
+        f"  Expected sha256 {artifact.sha256}\n"
         + "".join(f"  Got      sha256 {digest}\n" for digest in dict.fromkeys(mismatches))
         + "Nothing of it was kept, unpacked or run. Fix the index, or the pin in pins.toml."
     )

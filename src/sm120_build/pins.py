@@ -1,4 +1,9 @@
-"""Read pins.toml: the pinned upstream sdists, the default toolkit and companion packages."""
+"""Read pins.toml: the pinned upstream sources, the default toolkit and companion packages.
+
+An upstream is pinned by its sdist, or, for a project that publishes only wheels (sglang
+since 0.5.11), by the wheels of the targets the operator builds for: the first is vendored
+(its files become vendor/<name>), the others lend their binaries to patched twins.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
 from packaging.version import InvalidVersion, Version
 
 from .errors import UserError
@@ -26,8 +37,21 @@ _PROJECT_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 
 
 @dataclass(frozen=True)
+class Artifact:
+    """One pinned upstream file: its name and sha256."""
+
+    file: str
+    sha256: str
+
+    @property
+    def is_wheel(self) -> bool:
+        return self.file.endswith(".whl")
+
+
+@dataclass(frozen=True)
 class Upstream:
-    """One pinned upstream source distribution, vendored as vendor/<name>."""
+    """One pinned upstream, vendored as vendor/<name>: its sdist (sdist, sha256), or its
+    wheels (sdist and sha256 empty; the first wheel is the one vendored)."""
 
     name: str
     project: str
@@ -37,6 +61,17 @@ class Upstream:
     git_url: str
     git_tag: str
     git_commit: str
+    wheels: tuple[Artifact, ...] = ()
+
+    @property
+    def source(self) -> Artifact:
+        """The file the vendor tree is made from."""
+        return self.wheels[0] if self.wheels else Artifact(self.sdist, self.sha256)
+
+    @property
+    def files(self) -> tuple[Artifact, ...]:
+        """Every pinned file of this upstream."""
+        return self.wheels or (self.source,)
 
 
 @dataclass(frozen=True)
@@ -64,7 +99,7 @@ class Pins:
             raise UserError(f"no upstream named {name!r} in pins.toml (known: {known})") from None
 
 
-_UPSTREAM_KEYS = ("project", "version", "sdist", "sha256", "git_url", "git_tag", "git_commit")
+_UPSTREAM_KEYS = ("project", "version", "git_url", "git_tag", "git_commit")
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -108,23 +143,39 @@ def check_plain_name(name: str, what: str, path: Path) -> None:
         raise UserError(f"{path}: {problem}")
 
 
-def _check_upstream(name: str, table: dict[str, str], path: Path) -> None:
-    """The keys that become paths or requirements: a plain name, a PEP 508 project name, a
-    PEP 440 version, and an sdist file name of that project and version."""
+def _check_upstream(name: str, table: dict[str, str], path: Path) -> Version:
+    """The keys that become paths or requirements: a plain name, a PEP 508 project name and
+    a PEP 440 version."""
     check_plain_name(name, "upstream", path)
     if not _PROJECT_NAME.fullmatch(table["project"]):
         raise UserError(
             f"{path}: [upstream.{name}] project {table['project']!r} is not a project name"
         )
     try:
-        version = Version(table["version"])
+        return Version(table["version"])
     except InvalidVersion:
         raise UserError(
             f"{path}: [upstream.{name}] version {table['version']!r} is not a PEP 440 version"
         ) from None
-    sdist = table["sdist"]
+
+
+def _plain_file(file: str) -> bool:
+    return "/" not in file and "\\" not in file and file not in ("", ".", "..")
+
+
+def _checked_sdist(name: str, table: dict[str, Any], version: Version, path: Path) -> Artifact:
+    if "sha256" not in table:
+        raise UserError(f"{path}: [upstream.{name}] lacks sha256")
+    sdist, sha256 = table["sdist"], table["sha256"]
+    wrong = [
+        key for key, value in (("sdist", sdist), ("sha256", sha256)) if not isinstance(value, str)
+    ]
+    if wrong:
+        raise UserError(f"{path}: [upstream.{name}] {', '.join(wrong)} must be strings")
+    if not is_sha256(sha256):
+        raise UserError(f"{path}: [upstream.{name}] sha256 is not 64 lowercase hex digits")
     try:
-        parsed = parse_sdist_filename(sdist) if "/" not in sdist and "\\" not in sdist else None
+        parsed = parse_sdist_filename(sdist) if _plain_file(sdist) else None
     except InvalidSdistFilename:
         parsed = None
     if parsed != (canonicalize_name(table["project"]), version):
@@ -133,6 +184,36 @@ def _check_upstream(name: str, table: dict[str, str], path: Path) -> None:
             f"{table['project']} {table['version']} (such as "
             f"{table['project'].replace('-', '_')}-{table['version']}.tar.gz)"
         )
+    return Artifact(sdist, sha256)
+
+
+def _checked_wheels(
+    name: str, table: dict[str, Any], version: Version, path: Path
+) -> tuple[Artifact, ...]:
+    entries = table["wheels"]
+    where = f"{path}: [upstream.{name}] wheels"
+    if not isinstance(entries, list) or not entries:
+        raise UserError(f'{where} must list {{ file = "...whl", sha256 = "..." }} tables')
+    wheels = []
+    for entry in entries:
+        if not (isinstance(entry, dict) and set(entry) == {"file", "sha256"}):
+            raise UserError(f'{where}: each entry is {{ file = "...whl", sha256 = "..." }}')
+        file, sha256 = entry["file"], entry["sha256"]
+        if not is_sha256(sha256):
+            raise UserError(f"{where}: {file!r}: sha256 is not 64 lowercase hex digits")
+        try:
+            parsed = parse_wheel_filename(file)[:2] if _plain_file(str(file)) else None
+        except InvalidWheelFilename:
+            parsed = None
+        if parsed != (canonicalize_name(table["project"]), version):
+            raise UserError(
+                f"{where}: {file!r} is not the file name of a wheel of {table['project']} "
+                f"{table['version']}"
+            )
+        wheels.append(Artifact(file, sha256))
+    if len({wheel.file for wheel in wheels}) != len(wheels):
+        raise UserError(f"{where} names a wheel twice")
+    return tuple(wheels)
 
 
 def is_sha256(text: object) -> bool:
@@ -151,10 +232,19 @@ def load(path: Path) -> Pins:
         wrong = [key for key in _UPSTREAM_KEYS if not isinstance(table[key], str)]
         if wrong:
             raise UserError(f"{path}: [upstream.{name}] {', '.join(wrong)} must be strings")
-        if not is_sha256(table["sha256"]):
-            raise UserError(f"{path}: [upstream.{name}] sha256 is not 64 lowercase hex digits")
-        _check_upstream(name, table, path)
-        upstreams[name] = Upstream(name=name, **{key: table[key] for key in _UPSTREAM_KEYS})
+        version = _check_upstream(name, table, path)
+        fields = {key: table[key] for key in _UPSTREAM_KEYS}
+        if ("sdist" in table) == ("wheels" in table):
+            raise UserError(
+                f"{path}: [upstream.{name}] needs either sdist and sha256, or wheels (for a "
+                "project that publishes no sdist), and not both"
+            )
+        if "sdist" in table:
+            source = _checked_sdist(name, table, version, path)
+            upstreams[name] = Upstream(name=name, sdist=source.file, sha256=source.sha256, **fields)
+        else:
+            wheels = _checked_wheels(name, table, version, path)
+            upstreams[name] = Upstream(name=name, sdist="", sha256="", wheels=wheels, **fields)
     if not upstreams:
         raise UserError(f"{path}: no [upstream.*] tables")
     toolkit = _table(data, "toolkit", path).get("requirement")

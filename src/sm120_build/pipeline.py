@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import audit, fetch, jit_cache, toolkit, vendor, wheels
+from . import audit, fetch, jit_cache, toolkit, vendor, wheel_upstream, wheels
 from .cache import cached_wheel, digest, files_digest, scratch_directory, store_wheel
 from .console import say, step
 from .errors import UserError
@@ -124,12 +124,69 @@ def build_flashinfer_python(layout: Layout, pins: Pins, final_dir: Path) -> Path
     return _python_wheel(layout, pins, upstream, {}, final_dir, stamp_version)
 
 
-def build_sglang(layout: Layout, pins: Pins, final_dir: Path) -> Path:
+def build_sglang(layout: Layout, pins: Pins, final_dir: Path, platform: str) -> list[Path]:
     upstream = pins.upstream("sglang")
+    if upstream.wheels:
+        return _patched_upstream_wheels(layout, pins, upstream, final_dir, platform)
     version = f"{upstream.version}+{_vendor_label(layout, upstream)}"
     # setuptools-scm would otherwise derive a version from whatever git repo encloses the tree.
     env = {"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG": version}
-    return _python_wheel(layout, pins, upstream, env, final_dir)
+    return [_python_wheel(layout, pins, upstream, env, final_dir)]
+
+
+def _patched_upstream_wheels(
+    layout: Layout, pins: Pins, upstream: Upstream, final_dir: Path, platform: str
+) -> list[Path]:
+    """One patched wheel per pinned wheel of the upstream for `platform` (wheel_upstream.py)."""
+    targets = [
+        wheel
+        for wheel in upstream.wheels
+        if wheel_upstream.platform_of(wheel.file).endswith(f"_{platform}")
+    ]
+    if not targets:
+        pinned = ", ".join(wheel.file for wheel in upstream.wheels)
+        raise UserError(
+            f"{layout.pins_file} pins no {upstream.project} wheel for {platform} (it pins "
+            f"{pinned}); add one to [upstream.{upstream.name}] wheels"
+        )
+    version = f"{upstream.version}+{_vendor_label(layout, upstream)}"
+    tree = layout.vendor / upstream.name
+    code = files_digest(
+        [PACKAGE_DIR / n for n in ("wheel_upstream.py", "wheels.py", "pipeline.py")]
+    )
+    built = []
+    patched: dict[str, tuple[bytes, int]] | None = None
+    vendored: dict[str, tuple[bytes, int]] | None = None
+    for target in targets:
+        entry = layout.cache / "artifacts" / upstream.name / digest(version, target, code)
+        wheel = cached_wheel(entry, f"{upstream.project} {version} ({target.file})")
+        if wheel is None:
+            if patched is None or vendored is None:
+                patched = wheel_upstream.tree_files(tree)
+                source = fetch.fetch_artifact(upstream, upstream.source, layout.sdists)
+                vendored = wheel_upstream.wheel_files(source)
+            path = fetch.fetch_artifact(upstream, target, layout.sdists)
+            files = (
+                patched
+                if target == upstream.source
+                else wheel_upstream.target_files(
+                    patched, vendored, wheel_upstream.wheel_files(path), target.file
+                )
+            )
+            with scratch_directory(layout.cache, "wheel") as scratch:
+                raw = wheel_upstream.patched_wheel(files, target.file, version, scratch)
+                wheel = store_wheel(raw, entry)
+            say(f"{upstream.project} {version}: patched {target.file}")
+        else:
+            say(f"{upstream.project} {version} ({target.file}): reusing the cached wheel")
+        provenance = {
+            **wheels.upstream_record(layout.root, layout.patches / upstream.name, upstream, target),
+            "toolkit": None,  # nothing compiled here: its binaries are upstream's own
+            "archs": [],
+            "compile_commands": [],
+        }
+        built.append(wheels.finalize_wheel(wheel, final_dir, provenance))
+    return built
 
 
 def _toolkit(layout: Layout, pins: Pins, request: KernelRequest) -> tuple[toolkit.Toolkit, str]:
@@ -151,8 +208,9 @@ def _wheelhouse(
     base: str | None,
     lap: Callable[[str], None],
     glibc_baseline: str | None = None,
+    platform: str = "x86_64",
 ) -> None:
-    """The jit-cache wheel from `parts`, the two Python wheels, SHA256SUMS and
+    """The jit-cache wheel from `parts`, the Python wheels, SHA256SUMS and
     requirements.txt, into wheelhouse/ at once; then what was written, and what to do next."""
     with scratch_directory(layout.cache, "final") as final_dir:
         with step("making the jit-cache wheel (auditwheel, provenance)"):
@@ -161,7 +219,7 @@ def _wheelhouse(
         lap("jit-cache wheel")
         built.append(build_flashinfer_python(layout, pins, final_dir))
         lap("flashinfer-python wheel")
-        built.append(build_sglang(layout, pins, final_dir))
+        built += build_sglang(layout, pins, final_dir, platform)
         lap("sglang wheel")
         built.append(build_tool_wheel(final_dir))
         lap("node tools wheel")
@@ -209,7 +267,15 @@ def build_wheels(layout: Layout, pins: Pins, request: KernelRequest) -> dict[str
     lap("gate audit")
     part = jit_cache.compile_part(layout, pins, request, cuda, source, jit_cache.WHOLE)
     lap("render + compile")
-    _wheelhouse(layout, pins, [part], request.base_jit_cache, lap, request.glibc_baseline)
+    _wheelhouse(
+        layout,
+        pins,
+        [part],
+        request.base_jit_cache,
+        lap,
+        request.glibc_baseline,
+        request.platform,
+    )
     return lap.seconds
 
 

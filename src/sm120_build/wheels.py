@@ -28,21 +28,24 @@ from .errors import UserError
 from .gitrepo import export_tree
 from .layout import PROVENANCE_FILE
 from .patches import load_series
-from .pins import Companion, Upstream
+from .pins import Artifact, Companion, Upstream
 
 # Zip cannot store times before 1980; this stands in when SOURCE_DATE_EPOCH is unset.
 DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z
 
 
-def upstream_record(root: Path, series_dir: Path, upstream: Upstream) -> dict[str, object]:
-    """The provenance of what a wheel is built from: the sdist and the ordered patches."""
+def upstream_record(
+    root: Path, series_dir: Path, upstream: Upstream, wheel: Artifact | None = None
+) -> dict[str, object]:
+    """The provenance of what a wheel is built from: the sdist (or, for a wheel-only
+    upstream, the upstream wheel it is the patched twin of) and the ordered patches."""
+    source = (
+        {"sdist": upstream.sdist, "sha256": upstream.sha256}
+        if wheel is None
+        else {"wheel": wheel.file, "sha256": wheel.sha256, "vendored": upstream.source.file}
+    )
     return {
-        "upstream": {
-            "project": upstream.project,
-            "version": upstream.version,
-            "sdist": upstream.sdist,
-            "sha256": upstream.sha256,
-        },
+        "upstream": {"project": upstream.project, "version": upstream.version, **source},
         "patches": [
             {"file": str(patch.path.relative_to(root)), "sha256": sha256_of(patch.path)}
             for patch in load_series(series_dir)

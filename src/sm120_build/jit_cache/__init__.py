@@ -77,6 +77,7 @@ class KernelRequest:
     cuda_home: Path | None = None
     base_jit_cache: str | None = None  # a wheel path, or "NAME==VERSION --hash=sha256:HEX"
     glibc_baseline: str | None = None  # refuse a jit-cache needing a newer glibc, e.g. "2.28"
+    platform: str = "x86_64"  # the nodes' host CPU: which upstream wheels are patched
 
 
 def check_paths(layout: Layout, request: KernelRequest) -> None:

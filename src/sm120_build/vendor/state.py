@@ -38,8 +38,11 @@ class VendorState:
 
 
 def inputs_key(upstream: Upstream, patches: list[Patch]) -> str:
-    """Digest of everything a vendor tree is built from: the sdist and the ordered patches."""
-    digest = hashlib.sha256(f"{upstream.sdist}\0{upstream.sha256}\0".encode())
+    """Digest of everything a vendor tree is built from: the pinned upstream files (the sdist,
+    or every target wheel) and the ordered patches."""
+    digest = hashlib.sha256()
+    for artifact in upstream.files:
+        digest.update(f"{artifact.file}\0{artifact.sha256}\0".encode())
     for patch in patches:
         digest.update(f"{patch.path.name}\0".encode())
         digest.update(hashlib.sha256(patch.path.read_bytes()).digest())

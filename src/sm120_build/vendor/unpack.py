@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import tempfile
+import zipfile
 from pathlib import Path, PurePosixPath
 
+from ..archives import check_wheel
 from ..errors import UserError
 from ..gitrepo import git, head
 from ..pins import Upstream
@@ -64,9 +66,36 @@ def unpack_sdist(tarball: Path, destination: Path) -> None:
             (Path(scratch) / tops.pop()).rename(destination)
 
 
-def make_pristine_tree(upstream: Upstream, sdist: Path, tree: Path) -> str:
-    """Unpack `sdist` as a fresh git repo at `tree` with one commit; return that commit."""
-    unpack_sdist(sdist, tree)
+def unpack_wheel(wheel: Path, destination: Path) -> None:
+    """Unpack an upstream wheel as `destination`, after checking it whole: member names,
+    no links or devices, no .git, and a RECORD that matches every file."""
+
+    def allowed(name: str) -> str | None:
+        return "is inside a .git directory" if ".git" in name.split("/") else None
+
+    check_wheel(wheel, allowed, "upstream wheel")
+    with tempfile.TemporaryDirectory(dir=destination.parent) as scratch:
+        root = Path(scratch) / "tree"
+        with zipfile.ZipFile(wheel) as archive:
+            for info in archive.infolist():
+                if info.is_dir():
+                    continue
+                path = root / info.filename
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(archive.read(info))
+                executable = (info.external_attr >> 16) & 0o111
+                path.chmod(0o755 if executable else 0o644)
+        root.rename(destination)
+
+
+def make_pristine_tree(upstream: Upstream, source: Path, tree: Path) -> str:
+    """Unpack the upstream's source file (its sdist, or its wheel) as a fresh git repo at
+    `tree` with one commit; return that commit."""
+    artifact = upstream.source
+    if artifact.is_wheel:
+        unpack_wheel(source, tree)
+    else:
+        unpack_sdist(source, tree)
     git(tree, "init", "--quiet", "--initial-branch=main")
     git(tree, "add", "--all", "--force", ".")
     git(
@@ -74,7 +103,8 @@ def make_pristine_tree(upstream: Upstream, sdist: Path, tree: Path) -> str:
         "commit",
         "--quiet",
         "-m",
-        f"{upstream.project} {upstream.version}: pristine sdist\n\n"
-        f"sdist: {upstream.sdist}\nsha256: {upstream.sha256}\n",
+        f"{upstream.project} {upstream.version}: pristine "
+        f"{'wheel' if artifact.is_wheel else 'sdist'}\n\n"
+        f"{'wheel' if artifact.is_wheel else 'sdist'}: {artifact.file}\nsha256: {artifact.sha256}\n",
     )
     return head(tree)
