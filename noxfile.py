@@ -1,70 +1,96 @@
 """Nox sessions for sm120-build. Each session is a thin call into the sm120_build package.
 
-nox -s build_wheels                 the main job: wheels for sm_120a in wheelhouse/
-nox -s tests                        the whole test suite (what .ci/run calls)
-nox -l                              every session, with its help
+.venv/bin/nox -s build_wheels         the main job: the default stack's wheels, in wheelhouse/
+.venv/bin/nox -s tests                the whole test suite (what .ci/run calls)
+.venv/bin/nox -l                      every session, with the first line of its help
+.venv/bin/nox -s NAME -- --help       a session's options (creates and installs nothing)
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["build_wheels"]
 nox.options.reuse_existing_virtualenvs = True
+# A Python that the package claims and this machine lacks fails its session, instead of
+# being skipped with exit status 0.
+nox.options.error_on_missing_interpreters = True
 
 ROOT = Path(__file__).parent
 SRC = ROOT / "src"
 # Every Python that pyproject.toml's requires-python admits; the fast tests run on each.
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+# One relocatable cache for everything large: sdists, the CUDA toolkit, built wheels, and
+# pip's own downloads (torch, flashinfer-cubin) made by any session.
+CACHE = Path(os.environ.get("SM120_CACHE_DIR", ROOT / ".cache")).resolve()
 
 
-def _tool_pins() -> dict[str, list[str]]:
-    """The tool pins of pins.toml by table; a broken pins.toml stops nox with one line."""
+def _posargs_ask_for_help(argv: list[str]) -> bool:
+    return "--" in argv and any(a in ("-h", "--help") for a in argv[argv.index("--") + 1 :])
+
+
+# `nox -s NAME -- --help` prints the session's options with nox's own Python and this
+# checkout's source: no environment is created and nothing is installed.
+HELP_ONLY = _posargs_ask_for_help(sys.argv)
+
+
+def _pyenv_interpreters() -> None:
+    """pyenv serves one Python through its shims (the one in PYENV_VERSION, which its shims
+    export); add every installed 3.x after it so that nox finds python3.10 ... python3.13
+    for every session that names them."""
+    versions = sorted(p.name for p in (Path.home() / ".pyenv" / "versions").glob("3.*"))
+    if not versions:
+        return
+    current = os.environ.get("PYENV_VERSION") or subprocess.run(
+        ["pyenv", "version-name"], capture_output=True, text=True
+    ).stdout.strip()
+    os.environ["PYENV_VERSION"] = ":".join(dict.fromkeys([*current.split(":"), *versions]))
+
+
+_pyenv_interpreters()
+
+
+def _stack_pins_file(posargs: list[str]) -> Path:
+    """The pins.toml of the stack the options name (--stack NAME), else the default one;
+    an unknown name is left to the command, which lists the stacks."""
+    if "--stack" in posargs:
+        index = posargs.index("--stack")
+        name = posargs[index + 1] if index + 1 < len(posargs) else ""
+        candidate = ROOT / "stacks" / name / "pins.toml"
+        if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name) and candidate.is_file():
+            return candidate
+    return ROOT / "pins.toml"
+
+
+def _tool_pins(posargs: list[str]) -> dict[str, list[str]]:
+    """The tool pins of the stack's pins.toml by table; a broken one stops nox with one
+    line."""
+    path = _stack_pins_file(posargs)
     try:
-        data = nox.project.load_toml(ROOT / "pins.toml")
+        data = nox.project.load_toml(path)
         return {
             table: list(data[table]["requirements"])
             for table in ("build", "render", "test", "publish")
         }
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        sys.exit(f"nox: cannot read the tool pins in pins.toml ({type(exc).__name__}: {exc})")
+        sys.exit(f"nox: cannot read the tool pins in {path} ({type(exc).__name__}: {exc})")
 
 
-PINS = _tool_pins()
-BUILD_REQUIREMENTS, TEST_REQUIREMENTS, PUBLISH_REQUIREMENTS = (
-    PINS["build"],
-    PINS["test"],
-    PINS["publish"],
-)
-# The sessions that compile modules also render them with the patched FlashInfer.
-COMPILE_REQUIREMENTS = [*BUILD_REQUIREMENTS, *PINS["render"]]
-
-
-def _pyenv_interpreters() -> None:
-    """pyenv serves one Python through its shims (the one in PYENV_VERSION, which its shims
-    export); add every installed 3.x after it so nox finds python3.10 ... python3.13 too."""
-    versions = sorted(p.name for p in (Path.home() / ".pyenv" / "versions").glob("3.*"))
-    if not versions:
-        return
-    current = (
-        os.environ.get("PYENV_VERSION")
-        or subprocess.run(["pyenv", "version-name"], capture_output=True, text=True).stdout.strip()
-    )
-    os.environ["PYENV_VERSION"] = ":".join(dict.fromkeys([*current.split(":"), *versions]))
-
-
-# One relocatable cache for everything large: sdists, the CUDA toolkit, built wheels, and
-# pip's own downloads (torch, flashinfer-cubin) made by any session.
-CACHE = Path(os.environ.get("SM120_CACHE_DIR", ROOT / ".cache")).resolve()
+def _compile_requirements(pins: dict[str, list[str]]) -> list[str]:
+    """The sessions that compile modules also render them with the patched FlashInfer."""
+    return [*pins["build"], *pins["render"]]
 
 
 # user[:password]@ in a URL: a secret nox would print with the command line it runs.
@@ -77,100 +103,178 @@ def _refuse_credentials(session: nox.Session) -> None:
         session.error(
             "a URL among the options carries credentials (user[:password]@host); nox prints "
             "every command it runs, so nothing was run. Give them as TWINE_USERNAME and "
-            "TWINE_PASSWORD, in a keyring, or in ~/.pypirc, and the URL without them."
+            "TWINE_PASSWORD, in a keyring, or in ~/.pypirc, and the URL without them"
         )
 
 
-def _asks_for_help(session: nox.Session) -> bool:
-    return any(arg in ("-h", "--help") for arg in session.posargs)
+def _project_digest() -> str:
+    """The package's source as it is now: what an installed copy must match."""
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes())
+    for path in sorted(SRC.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and ".egg-info" not in str(path):
+            digest.update(str(path.relative_to(SRC)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
-def _install_tool(session: nox.Session, *extra: str) -> None:
+def _install(session: nox.Session, *requirements: str, project: bool = True) -> None:
+    """pip install the project and `requirements` into the session's environment, unless it
+    holds exactly these already (a stamp of both): a no-op rebuild installs nothing."""
     _refuse_credentials(session)
     session.env["SM120_CACHE_DIR"] = str(CACHE)
     session.env["PIP_CACHE_DIR"] = str(CACHE / "pip")
-    session.install(".", *extra)
+    location = getattr(session.virtualenv, "location", None)
+    stamp = Path(location) / "sm120-build-installed" if location else None
+    wanted = json.dumps([sorted(requirements), _project_digest() if project else None])
+    if stamp is not None and stamp.is_file() and stamp.read_text() == wanted:
+        session.log("the environment holds these pins and this source already: not installing")
+        return
+    session.log(f"installing {len(requirements)} pinned requirement(s) (minutes the first time)")
+    session.install(*(["."] if project else []), *requirements)
+    if stamp is not None:
+        stamp.write_text(wanted)
+
+
+def _help(session: nox.Session, *module: str) -> None:
+    session.run(
+        sys.executable, *module, "--help", env={"PYTHONPATH": str(SRC)}, external=True
+    )
 
 
 def _sm120_build(session: nox.Session, command: str, *requirements: str) -> None:
     """`sm120-build COMMAND` with the session's options, in the session's environment with
-    `requirements` installed. `-- --help` prints the command's help with nox's own Python
-    and this checkout's source, and installs nothing."""
-    if _asks_for_help(session):
-        session.run(
-            sys.executable, "-m", "sm120_build", command, "--help", env={"PYTHONPATH": str(SRC)}
-        )
+    `requirements` installed."""
+    if HELP_ONLY:
+        _help(session, "-m", "sm120_build", command)
         return
-    _install_tool(session, *requirements)
+    _install(session, *requirements)
     session.run("sm120-build", command, *session.posargs)
 
 
-@nox.session
-def vendor(session: nox.Session) -> None:
-    """Fetch, verify, unpack and patch both upstreams into vendor/<name>/.
+_COMMON = (
+    "Every sm120-build command also takes --stack NAME (the upstream pair, named after its "
+    "sglang release; without a name the stacks are listed), --verbose (the traceback of an "
+    "unexpected error) and --force (adopt a non-empty SM120_CACHE_DIR not marked as this "
+    "tool's cache)."
+)
 
-    -- --continue NAME: after a patch stopped the series and its refresh is committed in
-    vendor/NAME, apply the rest of the series.
-    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
-    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
+
+def _profiles_line() -> str:
+    """The profiles a build can name, as profiles.toml has them now."""
+    sys.path.insert(0, str(SRC))
+    try:
+        from sm120_build.errors import UserError
+        from sm120_build.profiles import load
+
+        names = sorted(load(ROOT / "profiles.toml").profiles)
+    except (ImportError, UserError) as exc:
+        return f"(the profiles cannot be listed: {exc})"
+    finally:
+        sys.path.remove(str(SRC))
+    return f"the default stack's {len(names)} profiles: {', '.join(names)}"
+
+
+def _session(**options: Any) -> Callable[[Callable[[nox.Session], None]], Any]:
+    """nox.session, with the options every sm120-build command takes added to the help of
+    those that run one; a run that asks only for help creates no environment."""
+
+    def register(function: Callable[[nox.Session], None]) -> Any:
+        doc = (function.__doc__ or "").rstrip()
+        if "{profiles}" in doc:
+            doc = doc.replace("{profiles}", _profiles_line())
+        if "{common}" in doc:
+            doc = doc.replace("{common}", _COMMON)
+        function.__doc__ = doc + "\n"
+        if not HELP_ONLY:
+            return nox.session(**options)(function)
+        # Without an environment nox names no session after a Python: each is named here.
+        pythons = options.pop("python", None)
+        options["venv_backend"] = "none"
+        for version in pythons or []:
+            nox.session(name=f"{function.__name__}-{version}", **options)(function)
+        return function if pythons else nox.session(**options)(function)
+
+    return register
+
+
+@_session()
+def vendor(session: nox.Session) -> None:
+    """Fetch, verify, unpack and patch the stack's upstreams into its vendor/<name>/.
+
+    -- [NAME ...] [--continue NAME]: after a patch stopped the series and its refresh is
+    committed in vendor/NAME, --continue applies the rest of the series.
+    {common}
     """
     _sm120_build(session, "vendor")
 
 
-@nox.session
+@_session()
 def export_patches(session: nox.Session) -> None:
-    """Regenerate patches/<name>/ from the commits in vendor/<name>/ (keeps headers).
+    """Write the commits of vendor/<name>/ back to patches/<name>/, keeping their headers.
 
-    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
-    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
+    -- [NAME ...]
+    {common}
     """
     _sm120_build(session, "export-patches")
 
 
-@nox.session
+@_session()
 def bump(session: nox.Session) -> None:
-    """Report what an upstream release does to every patch and hunk, without changing pins.
+    """Report what an upstream release does to every patch; --write makes it a stack.
 
     -- flashinfer-python==0.6.17 [sglang==0.5.10] [--json FILE] [--write]
     Each patch is clean, offset, fuzz (refused), upstream, partly upstream, upstream in
-    another form or a conflict, with keep/drop/refresh. --write updates pins.toml and drops
-    the patches upstream carries; the rest are refreshed in vendor/.
-    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
-    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
+    another form or a conflict, with keep/drop/refresh/review. --write writes the pins and
+    the series (patches dropped only when the whole patch reverse-applies): a new sglang
+    release becomes a new stack (stacks/sglang-X.Y.Z/), anything else updates the stack in
+    place. Exit status: 0 nothing to do by hand, 1 refreshes or reviews remain, 2 the pins
+    would not hold together, 3 the candidate could not be evaluated (not fetched, say).
+    {common}
     """
-    _sm120_build(session, "bump", *BUILD_REQUIREMENTS)
+    if HELP_ONLY:
+        _help(session, "-m", "sm120_build", "bump")
+        return
+    pins = _tool_pins(session.posargs)
+    _install(session, *pins["build"])
+    command = [str(Path(session.bin) / "sm120-build"), "bump", *session.posargs]
+    session.log(" ".join(command[1:]))
+    env = {**os.environ, **{k: v for k, v in session.env.items() if v is not None}}
+    env["PATH"] = f"{session.bin}{os.pathsep}{os.environ['PATH']}"
+    status = subprocess.run(command, env=env).returncode
+    if status:
+        # nox turns every failing command into its own status 1; the bump's status is its
+        # verdict, so it is passed on as it is.
+        session.log(f"sm120-build bump ended with status {status}")
+        raise SystemExit(status)
 
 
-@nox.session
+@_session()
 def audit_gates(session: nox.Session) -> None:
     """Find arch gates that still exclude SM120 (nvcc device preprocessing + Python AST).
 
-    Fails when an unwaived gate remains on the allreduce-fusion path. Options after --:
-    --pristine (audit the unpatched upstream; traces each gate to its patch),
-    --json FILE, --scope all (whole trees, report only).
-    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
-    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
+    Fails when an unwaived gate remains on the allreduce-fusion path.
+    -- [--pristine (audit the unpatched upstream; traces each gate to its patch)]
+       [--json FILE] [--scope all (whole trees, report only)]
+    {common}
     """
-    _sm120_build(session, "audit-gates", *BUILD_REQUIREMENTS)
+    _sm120_build(session, "audit-gates", *_tool_pins(session.posargs)["build"])
 
 
-@nox.session
+@_session()
 def build_wheels(session: nox.Session) -> None:
-    """Build the three wheels into wheelhouse/.
+    """Build the stack's wheels (FlashInfer, its jit-cache, sglang, node tools).
 
-    -- --profile NAME                the modules to build ahead of time (profiles.toml; comm)
+    -- --profile NAME                the modules to build ahead of time (default: comm); {profiles}
     -- --module NAME                 one module recipe more (repeatable)
     -- --arch 12.0f [--arch 9.0a]    targets (default: the SM12x family, docs/benchmarks.md)
     -- --cuda-home PATH              a system CUDA toolkit instead of the pinned pip one
     -- --base-jit-cache WHEEL        keep another jit-cache wheel's modules (checked first)
-    -- --glibc-baseline X.Y          refuse a jit-cache wheel that needs a newer glibc
-    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
-    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
+    -- --glibc-baseline X.Y          refuse a jit-cache wheel tagged for a newer glibc
+    {common}
     """
-    _sm120_build(session, "build-wheels", *COMPILE_REQUIREMENTS)
+    _sm120_build(session, "build-wheels", *_compile_requirements(_tool_pins(session.posargs)))
 
 
-@nox.session
+@_session()
 def plan_shards(session: nox.Session) -> None:
     """Split a build over N machines: print which modules each shard compiles.
 
@@ -178,17 +282,17 @@ def plan_shards(session: nox.Session) -> None:
        [--base-jit-cache WHEEL] [--github-output FILE]
     Balanced by ci/module-costs.json (nox -s bench refreshes it); every shard computes the
     same plan, so this is for people and CI matrices, not an input of build_shard.
-    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
-    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
+    {common}
     """
-    _sm120_build(session, "plan-shards", *COMPILE_REQUIREMENTS)
+    _sm120_build(session, "plan-shards", *_compile_requirements(_tool_pins(session.posargs)))
 
 
-@nox.session(venv_backend="none")
+@_session(venv_backend="none")
 def shard_matrix(session: nox.Session) -> None:
     """The shard indices 1..N of a sharded build, for a CI matrix: installs nothing.
 
-    -- --shards N [--github-output FILE] [--verbose] [--force]
+    -- --shards N [--github-output FILE]
+    {common}
     """
     session.run(
         sys.executable,
@@ -197,99 +301,97 @@ def shard_matrix(session: nox.Session) -> None:
         "shard-matrix",
         *session.posargs,
         env={"PYTHONPATH": str(SRC)},
+        external=True,
     )
 
 
-@nox.session
+@_session()
 def build_shard(session: nox.Session) -> None:
     """Compile shard I of N into shards/I-of-N/ (one machine of a sharded build).
 
     -- --shard I/N, and the same --profile/--module/--arch/--cuda-home/--base-jit-cache on
     every shard.
     Point sccache at a shared backend with its own SCCACHE_* variables (docs/cache.md).
-    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
-    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
+    {common}
     """
-    _sm120_build(session, "build-shard", *COMPILE_REQUIREMENTS)
+    _sm120_build(session, "build-shard", *_compile_requirements(_tool_pins(session.posargs)))
 
 
-@nox.session
+@_session()
 def merge_shards(session: nox.Session) -> None:
-    """Assemble wheelhouse/ from all shards in shards/: the same bytes as build_wheels.
+    """Assemble the wheelhouse from all shards in shards/: the same bytes as build_wheels.
 
     -- [--base-jit-cache WHEEL] [--glibc-baseline X.Y]. Refuses shards of different builds,
     a missing or changed shard, or shards of another patch series than this checkout's; with
-    --glibc-baseline, a jit-cache wheel that needs a newer glibc (naming the symbols).
-    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
-    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
+    --glibc-baseline, a jit-cache wheel tagged for a newer glibc (naming the symbols).
+    {common}
     """
-    _sm120_build(session, "merge-shards", *BUILD_REQUIREMENTS)
+    _sm120_build(session, "merge-shards", *_tool_pins(session.posargs)["build"])
 
 
-@nox.session
+@_session()
 def publish(session: nox.Session) -> None:
-    """Upload wheelhouse/ to an index with twine and read it back, or write a static index.
+    """Upload the wheelhouse to an index with twine and read it back, or write a static one.
 
     -- --repository-url URL --index-url URL   (or --repository NAME from ~/.pypirc)
-    -- --static DIR                            PEP 503 tree for an air-gapped mirror
+    -- --static DIR                            PEP 503 tree for an air-gapped mirror, with
+                                               the lock files under locks/
     -- --timeout SECONDS                       give up on an index that does not answer
-    -- --with-dependencies                     also the closure of wheelhouse/node-lock.txt
+    -- --with-dependencies                     also the closure of node-lock.txt
     Credentials: TWINE_USERNAME/TWINE_PASSWORD, a keyring, or ~/.pypirc. Never part of
     build_wheels.
-    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
-    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
+    {common}
     """
-    _sm120_build(session, "publish", *PUBLISH_REQUIREMENTS)
+    _sm120_build(session, "publish", *_tool_pins(session.posargs)["publish"])
 
 
-@nox.session
+@_session()
 def derive_profiles(session: nox.Session) -> None:
-    """Derive profiles-derived.toml from sglang's own code: for each configuration of
-    served-models.toml, sglang's server-argument resolution, model constructor, KV pool and
-    attention backend run on the CPU and record what they ask FlashInfer and sglang's
-    jit_kernel for (docs/derive.md). The first run installs the pinned sglang's
-    dependencies into the cache (several GB).
+    """Derive profiles-derived.toml from sglang's own code, for every served configuration.
 
+    For each configuration of served-models.toml, sglang's server-argument resolution,
+    model constructor, KV pool and attention backend run on the CPU and record what they ask
+    FlashInfer and sglang's JIT for (docs/derive.md). The first run installs the pinned
+    sglang's dependencies into the cache (several GB).
     -- [--check (compare instead of writing; exit 1 if it differs)]
-    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
-    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
+    {common}
     """
     _sm120_build(session, "derive-profiles")
 
 
-@nox.session
+@_session()
 def lock_node(session: nox.Session) -> None:
-    """Write wheelhouse/node-lock.txt: everything a fresh node needs to run sglang with the
-    wheelhouse's wheels, hash-pinned, resolved with uv from pip's configured sources.
+    """Write node-lock.txt: what a fresh node needs with the wheelhouse, hash-pinned.
 
+    Resolved with uv from pip's configured sources.
     -- [--python-version X.Y (default 3.12)] [--platform ARCH-manylinux_2_Y (default: the
        newest manylinux tag of the wheelhouse's wheels)]
-    Every sm120-build command also takes --verbose (the traceback of an unexpected error)
-    and --force (adopt a non-empty SM120_CACHE_DIR not marked as this tool's cache).
+    {common}
     """
-    _sm120_build(session, "lock-node", *PUBLISH_REQUIREMENTS)
+    _sm120_build(session, "lock-node", *_tool_pins(session.posargs)["publish"])
 
 
-@nox.session
+@_session()
 def bench(session: nox.Session) -> None:
     """Benchmark: cold build time by stage, no-op rebuild time, wheel sizes (not a test).
 
     -- [--profile NAME] [--module NAME] [--arch ARCH] [--cuda-home PATH]
        [--base-jit-cache WHEEL] [--sample N] [--shards N] [--verbose]
     """
-    if _asks_for_help(session):
-        session.run(
-            sys.executable, "-m", "sm120_build.bench", "--help", env={"PYTHONPATH": str(SRC)}
-        )
+    if HELP_ONLY:
+        _help(session, "-m", "sm120_build.bench")
         return
-    _install_tool(session, *COMPILE_REQUIREMENTS)
+    _install(session, *_compile_requirements(_tool_pins(session.posargs)))
     session.run("python", "-m", "sm120_build.bench", *session.posargs)
 
 
 def _run_on_this_node(session: nox.Session, module: str) -> None:
     """Run `module` in the Python nox runs from, with JIT compilation disabled, after it has
-    installed wheelhouse/'s FlashInfer wheels there, each checked against SHA256SUMS
-    (`--install`; `-- --help` installs nothing)."""
+    installed wheelhouse/'s wheels there, each checked against SHA256SUMS (`--install`; it
+    checks for torch first and installs nothing without it)."""
+    if HELP_ONLY:
+        _help(session, "-m", module)
+        return
     _refuse_credentials(session)
     session.run(
         sys.executable,
@@ -298,11 +400,12 @@ def _run_on_this_node(session: nox.Session, module: str) -> None:
         "--install",
         str(ROOT / "wheelhouse"),
         *session.posargs,
-        env={"FLASHINFER_DISABLE_JIT": "1", "PYTHONPATH": str(ROOT / "src")},
+        env={"FLASHINFER_DISABLE_JIT": "1", "PYTHONPATH": str(SRC)},
+        external=True,
     )
 
 
-@nox.session(venv_backend="none")
+@_session(venv_backend="none")
 def verify_gpu(session: nox.Session) -> None:
     """Check that every module of the jit-cache wheel computes the right thing on this GPU.
 
@@ -316,21 +419,22 @@ def verify_gpu(session: nox.Session) -> None:
     _run_on_this_node(session, "sm120_build.node.verify")
 
 
-@nox.session(venv_backend="none")
+@_session(venv_backend="none")
 def node_check(session: nox.Session) -> None:
     """Prove this node will not JIT-compile: load every module of the profile, prebuilt.
 
     Runs like verify_gpu, in the Python nox runs from (torch installed), after installing
-    wheelhouse/'s wheels there. Fails, naming the cause, when a module (FlashInfer's or
-    sglang's own) would be compiled or does not load, when the jit-cache has no code for
-    this GPU, or when the two FlashInfer wheels come from different patch series.
+    wheelhouse/'s wheels there. Without a GPU it reports versions, patch series and archs,
+    then what it could not check. Fails, naming the cause, when a module would be compiled
+    or does not load, when the jit-cache has no code for this GPU, or when the two FlashInfer
+    wheels come from different patch series.
     -- [--arch 12.0 (no GPU here: check for that arch)] [--profile NAME (default: the
        recipes the jit-cache wheel was built from)] [--json FILE] [--verbose]
     """
     _run_on_this_node(session, "sm120_build.node.check")
 
 
-@nox.session(venv_backend="none")
+@_session(venv_backend="none")
 def bench_gpu(session: nox.Session) -> None:
     """Benchmark fused vs NCCL+separate allreduce/residual/RMSNorm, one rank per GPU (>= 2).
 
@@ -343,47 +447,64 @@ def bench_gpu(session: nox.Session) -> None:
     _run_on_this_node(session, "sm120_build.node.bench_gpu")
 
 
-@nox.session
+@_session()
 def tests(session: nox.Session) -> None:
-    """Run the test suite; pass pytest options after --, e.g. -- -m 'not slow'.
+    """Run the test suite, then the fast tests on every other Python the package claims.
 
-    Afterwards the fast tests run on every other Python the package claims (tests_fast).
-    -- [pytest options]
+    -- [pytest options], e.g. -- -m 'not slow'
     """
-    if _asks_for_help(session):
+    if HELP_ONLY:
         session.log(tests.__doc__ or "")
         return
-    _install_tool(session, *COMPILE_REQUIREMENTS, *TEST_REQUIREMENTS, *PUBLISH_REQUIREMENTS)
+    pins = _tool_pins([])
+    _install(session, *_compile_requirements(pins), *pins["test"], *pins["publish"])
     session.run("pytest", *session.posargs)
-    _pyenv_interpreters()  # so that nox finds python3.10 ... python3.13 for tests_fast
     this = f"{sys.version_info.major}.{sys.version_info.minor}"
     for version in PYTHONS:
         if version != this:
             session.notify(f"tests_fast-{version}", ["-m", "not slow"])
 
 
-@nox.session(python=PYTHONS)
+@_session(python=PYTHONS)
 def tests_fast(session: nox.Session) -> None:
-    """The fast tests on one claimed Python (nox -s tests queues each)."""
-    _install_tool(session, *BUILD_REQUIREMENTS, *TEST_REQUIREMENTS, *PUBLISH_REQUIREMENTS)
+    """The fast tests on one claimed Python (nox -s tests queues each).
+
+    torch is installed only by `tests`, on the Python nox runs from: the index has no CPU
+    build of the pinned torch for the other Pythons, only CUDA builds of several GB. So
+    the node check's in-process tests, which need torch, skip here, each saying why.
+    -- [pytest options] (default: -m 'not slow')
+    """
+    if HELP_ONLY:
+        session.log(tests_fast.__doc__ or "")
+        return
+    pins = _tool_pins([])
+    _install(session, *pins["build"], *pins["test"], *pins["publish"])
     session.run("pytest", *(session.posargs or ["-m", "not slow"]))
 
 
-@nox.session
+@_session()
 def mutants(session: nox.Session) -> None:
-    """Mutation testing (mutmut) of the modules that guard data and trust, listed under
-    [tool.mutmut] in pyproject.toml, against the fast tests. Prints killed, survived and
-    untested mutants and the kill ratio, and fails below 90 % (docs/mutation.md). Tens of
-    minutes on two cores: CI runs it on a schedule, not on every push.
+    """Mutation testing (mutmut) of the modules that guard data and trust, with the fast tests.
 
+    The modules are listed under [tool.mutmut] in pyproject.toml. Prints killed, survived
+    and untested mutants and the kill ratio, and fails below 90 % (docs/mutation.md). Hours
+    on two cores: CI runs it on a schedule, not on every push.
     Takes no options.
     """
-    if _asks_for_help(session):
+    if HELP_ONLY:
         session.log(mutants.__doc__ or "")
         return
+    pins = _tool_pins([])
     # Not the package itself: mutmut imports it from its mutated copy (mutants/src). The
     # tests' subprocesses (`python -m sm120_build ...`) run the unmutated source.
-    session.install(*COMPILE_REQUIREMENTS, *TEST_REQUIREMENTS, *PUBLISH_REQUIREMENTS, "packaging")
+    _install(
+        session,
+        *_compile_requirements(pins),
+        *pins["test"],
+        *pins["publish"],
+        "packaging",
+        project=False,
+    )
     shutil.rmtree(ROOT / "mutants", ignore_errors=True)  # results of other code would be reused
     session.run("mutmut", "run", env={"PYTHONPATH": str(SRC)}, success_codes=[0, 1])
     if session.run("mutmut", "export-cicd-stats", silent=True) is None:
@@ -399,20 +520,19 @@ def mutants(session: nox.Session) -> None:
         session.error("kill ratio below 90 %: `mutmut show <name>` shows a survivor")
 
 
-@nox.session
+@_session()
 def lint(session: nox.Session) -> None:
-    """ruff check, ruff format --check, mypy --strict on src/, tests/ and this file,
-    actionlint on ci/github/, hadolint on ci/docker/.
+    """ruff, mypy --strict, actionlint on ci/github/ and hadolint on ci/docker/.
 
+    ruff check and ruff format --check on everything; mypy on src/, tests/ and this file.
     Takes no options.
     """
-    if _asks_for_help(session):
+    if HELP_ONLY:
         session.log(lint.__doc__ or "")
         return
     # mypy also reads the tests and this file: pytest's and nox's own types.
     linters = ("ruff", "mypy", "actionlint", "hadolint", "pytest", "nox")
-    session.install(*(r for r in TEST_REQUIREMENTS if r.startswith(linters)))
-    session.install("-e", ".")
+    _install(session, *(r for r in _tool_pins([])["test"] if r.startswith(linters)))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")

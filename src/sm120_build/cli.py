@@ -217,6 +217,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="show the cache keys, the compiler's output, and the traceback of an unexpected error",
     )
     common.add_argument(
+        "--stack",
+        nargs="?",
+        const="",
+        metavar="NAME",
+        help="the stack (upstream pair) to work on, named after its sglang release, e.g. "
+        "sglang-0.5.23 (default: the one at the top of the checkout); without a name, the "
+        "stacks are listed",
+    )
+    common.add_argument(
         "--force",
         action="store_true",
         help=f"adopt a non-empty {CACHE_ENV} directory that is not marked as this tool's cache",
@@ -425,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.verbose = args.verbose
 
     def run() -> int:
-        layout = Layout.from_root(repo_root())
+        layout = Layout.from_root(repo_root(), args.stack)
         # Everything that writes into the cache or vendor/ takes the cache's lock first.
         # The default cache, inside the checkout and ignored by git, is this tool's by
         # construction; one set by SM120_CACHE_DIR must be marked, empty or --force'd.

@@ -108,5 +108,5 @@ def export_tree(tree: Path, destination: Path, revision: str = "HEAD") -> None:
         )
     archive = result.stdout
     destination.mkdir(parents=True)
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+    with tarfile().open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(destination, filter="data")

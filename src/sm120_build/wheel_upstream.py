@@ -41,7 +41,7 @@ def tree_files(tree: Path) -> dict[str, tuple[bytes, int]]:
     """name -> (bytes, mode) of a vendor tree's HEAD, as committed."""
     archive = git_bytes(tree, "archive", "--format=tar", "HEAD")
     files = {}
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+    with tarfile().open(fileobj=io.BytesIO(archive)) as tar:
         for member in tar.getmembers():
             if member.isfile():
                 stream = tar.extractfile(member)

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
 from ..cache import digest, scratch_directory
 from ..console import say, step
 from ..errors import UserError
@@ -204,6 +202,8 @@ def render(
     makes (`hand`: call -> name) is named by that recipe, not defined twice. Written by a
     TOML writer: names and text from served-models.toml and from sglang are data, never
     TOML of their own."""
+    import tomli_w  # here: `--help` runs where the package's dependencies are not installed
+
     hand = hand or {}
     recipes: dict[str, dict[str, Any]] = {}
     profiles: dict[str, dict[str, Any]] = {}
@@ -252,7 +252,8 @@ def render(
         "# constructor, KV pool and attention backend made on a virtual SM12x GPU (derive/\n"
         "# replay.py), with where it is defined and where sglang asked for it. Each profile is\n"
         f"# one configuration of {SERVED_FILE}, with what sglang resolved its arguments to and\n"
-        f"# what {FIRST_USE_COMPILERS} compile on the node at first use (compiled_on_node).\n\n"
+        "# what compiles on the node at first use (compiled_on_node): "
+        f"{FIRST_USE_COMPILERS}.\n\n"
     )
     return header + tomli_w.dumps({"modules": dict(sorted(recipes.items())), "profiles": profiles})
 
@@ -260,7 +261,7 @@ def render(
 def derive_profiles(layout: Layout, pins: Pins, check: bool) -> int:
     """Derive every served configuration and write profiles-derived.toml, or with `check`
     compare with it: 0 when it is what sglang asks for, 1 when it differs."""
-    served = load_served(layout.root)
+    served = load_served(layout.stack)
     python = environment(layout, pins)
     answers = {item.name: replay(layout, python, item) for item in served}
     for item in served:
@@ -272,10 +273,10 @@ def derive_profiles(layout: Layout, pins: Pins, check: bool) -> int:
             f"{len(item.also)} named by hand; "
             f"{len(answers[item.name].get('first_use', []))} compiled at first use outside them"
         )
-    hand_written = read_toml(layout.root / "profiles.toml").get("modules", {})
+    hand_written = read_toml(layout.profiles_file).get("modules", {})
     hand = {str(table.get("call")): name for name, table in hand_written.items()}
     text = render(served, answers, pins.upstream("sglang").version, hand)
-    target = layout.root / DERIVED_FILE
+    target = layout.stack / DERIVED_FILE
     if check:
         current = target.read_text() if target.is_file() else ""
         if current != text:

@@ -26,9 +26,8 @@ from typing import Any
 
 from ..errors import UserError, exit_status
 from ..layout import PROVENANCE_FILE
-from ..profiles import load as load_profiles
 from ..sglang_kernels import MODULE_PREFIX
-from .check import runs_on
+from .check import recorded_recipes, runs_on
 from .install import add_node_options, disable_jit, install_checked
 from .serving import FAIL, NOT_RUNNABLE, PASS, Row
 
@@ -57,7 +56,7 @@ def selected(provenance: dict[str, Any], args: argparse.Namespace) -> dict[str, 
     """module -> recipe, narrowed by --module (a module or recipe name) and --profile."""
     modules: dict[str, str] = provenance["modules"]
     if args.profile:
-        recipes = set(load_profiles(Path("profiles.toml")).select(args.profile, []))
+        recipes = set(recorded_recipes(provenance, args.profile))
         modules = {m: r for m, r in modules.items() if r in recipes}
     if args.module:
         unknown = [n for n in args.module if n not in modules and n not in modules.values()]
@@ -155,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         help="check only this module, or this recipe's modules (repeatable)",
     )
     parser.add_argument(
-        "--profile", metavar="NAME", help="check only the modules of this profile's recipes"
+        "--profile",
+        metavar="NAME",
+        help="check only the modules of this profile's recipes, as the installed jit-cache "
+        "records the profile",
     )
     parser.add_argument(
         "--pattern",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from tarfile import TarInfo  # the type; the module in use is tarfiles.tarfile()
 import zipfile
 from pathlib import Path, PurePosixPath
 
@@ -13,7 +14,7 @@ from ..pins import Upstream
 from ..tarfiles import tarfile
 
 
-def _check_member(member: tarfile.TarInfo, tarball: Path) -> None:
+def _check_member(member: TarInfo, tarball: Path) -> None:
     name = PurePosixPath(member.name)
     if not name.parts:  # "" or "." (pathlib drops "." parts)
         raise UserError(f"{tarball.name}: refusing member {member.name!r}: it names no path")
@@ -47,9 +48,10 @@ def _escapes(path: PurePosixPath) -> bool:
 
 def unpack_sdist(tarball: Path, destination: Path) -> None:
     """Unpack the sdist's single top-level directory as `destination`."""
+    module = tarfile()
     try:
-        archive = tarfile.open(tarball)
-    except (OSError, tarfile.TarError) as exc:
+        archive = module.open(tarball)
+    except (OSError, module.TarError) as exc:
         raise UserError(f"cannot open {tarball} as a tarball: {exc}") from None
     with archive:
         members = archive.getmembers()
@@ -61,7 +63,7 @@ def unpack_sdist(tarball: Path, destination: Path) -> None:
         with tempfile.TemporaryDirectory(dir=destination.parent) as scratch:
             try:
                 archive.extractall(scratch, filter="data")
-            except tarfile.FilterError as exc:
+            except module.FilterError as exc:
                 raise UserError(f"{tarball.name}: refusing to unpack: {exc}") from exc
             (Path(scratch) / tops.pop()).rename(destination)
 
