@@ -53,9 +53,10 @@ def _pyenv_interpreters() -> None:
     versions = sorted(p.name for p in (Path.home() / ".pyenv" / "versions").glob("3.*"))
     if not versions:
         return
-    current = os.environ.get("PYENV_VERSION") or subprocess.run(
-        ["pyenv", "version-name"], capture_output=True, text=True
-    ).stdout.strip()
+    current = (
+        os.environ.get("PYENV_VERSION")
+        or subprocess.run(["pyenv", "version-name"], capture_output=True, text=True).stdout.strip()
+    )
     os.environ["PYENV_VERSION"] = ":".join(dict.fromkeys([*current.split(":"), *versions]))
 
 
@@ -135,9 +136,7 @@ def _install(session: nox.Session, *requirements: str, project: bool = True) -> 
 
 
 def _help(session: nox.Session, *module: str) -> None:
-    session.run(
-        sys.executable, *module, "--help", env={"PYTHONPATH": str(SRC)}, external=True
-    )
+    session.run(sys.executable, *module, "--help", env={"PYTHONPATH": str(SRC)}, external=True)
 
 
 def _sm120_build(session: nox.Session, command: str, *requirements: str) -> None:

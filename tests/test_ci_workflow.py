@@ -3,7 +3,6 @@ publishes only what was verified."""
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import pytest
 import yaml
 
 from .conftest import REPO
+from .test_noxfile import docstrings
 
 WORKFLOWS = sorted((REPO / "ci" / "github" / "workflows").glob("*.yml"))
 # A nox session call, as README gives it (nox from a fresh virtual environment) or from an
@@ -24,16 +24,9 @@ NOX_RUN = re.compile(
 
 
 def nox_sessions() -> set[str]:
-    """The sessions noxfile.py defines: functions decorated with @nox.session(...)."""
-    tree = ast.parse((REPO / "noxfile.py").read_text())
-    names = set()
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef):
-            for decorator in node.decorator_list:
-                target = decorator.func if isinstance(decorator, ast.Call) else decorator
-                if ast.unparse(target) == "nox.session":
-                    names.add(node.name)
-    return names
+    """The sessions noxfile.py defines, as nox registers them (a session of several Pythons
+    by its own name too)."""
+    return {name.split("-")[0] for name in docstrings()} | set(docstrings())
 
 
 def jobs(path: Path) -> dict[str, Any]:
