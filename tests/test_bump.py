@@ -125,12 +125,31 @@ def test_partly_upstream(tree: Any, tmp_path: Path) -> None:
 
 
 def test_upstream_in_another_form(tree: Any, tmp_path: Path) -> None:
+    """The line the patch removes is gone and the line it adds is there, moved and
+    re-indented: evidence to review, with a detail that says exactly that."""
+    moved = [*LINES[:10], *LINES[11:20], "    LINE 11", *LINES[20:]]
+    root = tree(moved)
+    patch = patch_file(tmp_path, "p", {"a.txt": [hunk("a.txt", LINES, 10, "LINE 11")]})
+    (result,) = verdict_of(root, patch)
+    assert (result.verdict, result.action) == ("upstream in another form", "review")
+    assert result.hunks[0].detail == (
+        "the lines it removes are gone from the file and the lines it adds are there"
+    )
+
+
+def test_removed_lines_gone_alone_are_a_conflict_not_upstream(tree: Any, tmp_path: Path) -> None:
+    """Upstream rewrote the line its own way: the patch's line is not there, so nothing says
+    the change is upstream (it used to be reported "upstream in another form")."""
     rewritten = list(LINES)
     rewritten[10] = "line eleven, fixed upstream their own way"
     root = tree(rewritten)
     patch = patch_file(tmp_path, "p", {"a.txt": [hunk("a.txt", LINES, 10, "LINE 11")]})
     (result,) = verdict_of(root, patch)
-    assert (result.verdict, result.action) == ("upstream in another form", "review")
+    assert (result.verdict, result.action) == ("conflict", "refresh")
+    assert result.hunks[0].detail == (
+        "the lines it removes are gone from the file and the lines it adds are not there: "
+        "the code was rewritten; refresh the patch by hand"
+    )
 
 
 def test_conflict_lists_every_failing_hunk_and_file(tree: Any, tmp_path: Path) -> None:
@@ -180,7 +199,7 @@ def test_a_vanished_hunk_beside_applying_ones_is_a_conflict_to_refresh(
     )
     (result,) = verdict_of(root, patch)
     assert (result.verdict, result.action) == ("conflict", "refresh")
-    assert [h.verdict for h in result.failing] == ["upstream in another form"]
+    assert [h.verdict for h in result.failing] == ["conflict"]
 
 
 def test_write_moves_the_pin_and_drops_what_upstream_carries(tmp_path: Path) -> None:
@@ -331,3 +350,62 @@ def test_a_missing_cubin_says_what_the_index_has_and_what_to_do(
         companion_hashes("flashinfer-cubin", "0.6.17", tmp_path / "out")
     with pytest.raises(UserError, match=r"Publish a flashinfer-cubin 0\.6\.17 wheel.*Nothing was"):
         companion_hashes("flashinfer-cubin", "0.6.17", tmp_path / "out")
+
+
+def test_identical_hunks_that_each_reverse_apply_alone_are_not_upstream(
+    tree: Any, tmp_path: Path
+) -> None:
+    """Two textually identical hunks (the same gate in two functions): upstream lifted one,
+    so each hunk alone reverse-applies at that one place; the whole patch does not, and one
+    gate is still there. It used to be reported upstream and dropped."""
+    block = ["void f() {", "#if ARCH < 1200", "  wait();", "#endif", "}"]
+    lines = [*block, *[f"filler {n}" for n in range(10)], *block]
+    lifted = [*block[:1], "#if ARCH >= 900", *block[2:], *lines[5:]]
+    root = tree(lifted)
+    one = "@@ -1,5 +1,5 @@\n void f() {\n-#if ARCH < 1200\n+#if ARCH >= 900\n   wait();\n #endif\n }\n"
+    two = one.replace("@@ -1,5 +1,5 @@", "@@ -16,5 +16,5 @@")
+    patch = patch_file(tmp_path, "p", {"a.txt": [one, two]})
+    (result,) = verdict_of(root, patch)
+    assert [h.verdict for h in result.hunks] == ["upstream", "upstream"]
+    assert (result.verdict, result.action) == ("partly upstream", "refresh")
+    assert (root / "a.txt").read_text().count("ARCH < 1200") == 1
+
+
+def test_a_fuzzed_hunk_says_where_it_lands_by_function(tree: Any, tmp_path: Path) -> None:
+    """Upstream changed the hunk's inner context in its own function; with fuzz it lands in
+    another function of the same shape (FlashInfer's sm89 generator, seen on 0.7.4). The
+    report names where it lands, and that this is not where the patch made it."""
+
+    def generator(name: str, cflags: str) -> list[str]:
+        body = ["    nvcc_flags = []", f"    cflags = {cflags}", "    archs = [9, 10]"]
+        return [f"def {name}():", *body, "    return archs", "    # end", ""]
+
+    original = generator("gen_comm", "[]") + generator("gen_sm89", "[]")
+    candidate = generator("gen_comm", "['-O3']") + generator("gen_sm89", "[]")
+    root = tree(original)
+    (root / "gen.py").write_text("\n".join(candidate) + "\n")
+    body = "".join(f" {line}\n" for line in original[:3])
+    body += "-    archs = [9, 10]\n+    archs = [9, 10, 12]\n"
+    body += "".join(f" {line}\n" for line in original[4:7])
+    patch = patch_file(tmp_path, "p", {"gen.py": ["@@ -1,7 +1,7 @@ def gen_comm():\n" + body]})
+    (result,) = verdict_of(root, patch)
+    (fuzzed,) = result.hunks
+    assert fuzzed.verdict == "fuzz", fuzzed
+    assert fuzzed.detail == (
+        "applies only with 1 line of context, at line 11 of gen.py, in def gen_sm89(): NOT "
+        "in def gen_comm(), where the patch made it"
+    )
+
+
+def test_a_conflict_in_a_reindented_file_says_so(tree: Any, tmp_path: Path) -> None:
+    """The context lines are there, indented otherwise: the detail used to say none of them
+    was in the file."""
+    drifted = [f"    {line}" for line in LINES]
+    root = tree(drifted)
+    patch = patch_file(tmp_path, "p", {"a.txt": [hunk("a.txt", LINES, 10, "LINE 11")]})
+    (result,) = verdict_of(root, patch)
+    (failing,) = result.failing
+    assert failing.detail == (
+        "its context line 'line 8' is at a.txt:8, indented otherwise; the candidate's file "
+        "was re-indented there"
+    )

@@ -152,6 +152,11 @@ class Hunk:
         """The lines the hunk takes out (without the leading '-')."""
         return [line[1:] for line in self.text.splitlines()[1:] if line.startswith("-")]
 
+    @property
+    def added(self) -> list[str]:
+        """The lines the hunk puts in (without the leading '+')."""
+        return [line[1:] for line in self.text.splitlines()[1:] if line.startswith("+")]
+
     def as_patch(self) -> str:
         return self.file_header + self.text
 

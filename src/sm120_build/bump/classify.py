@@ -1,11 +1,19 @@
 """Every patch and hunk of a series against a candidate tree, with real `git apply`: clean,
 at an offset, only with fuzz (refused), upstream (it reverse-applies), upstream in another
-form, or a conflict; and what to do about each."""
+form, or a conflict; and what to do about each.
+
+A patch is upstream, and may be dropped, only when the whole patch reverse-applies on the
+candidate with the patches before it applied: hunks that each reverse-apply alone may all
+match the same place (identical hunks do), which proves nothing for the others. Every
+detail said of a hunk is checked against the candidate's file.
+"""
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,9 +61,14 @@ def _apply(tree: Path, patch_text: str, *options: str) -> subprocess.CompletedPr
 _OFFSET = re.compile(r"Hunk #\d+ succeeded at \d+ \(offset (-?\d+) lines?\)")
 
 
+def _meaningful(lines: list[str]) -> list[str]:
+    """Lines that say something, stripped: a bare "}" or "{" is in every file."""
+    return [line.strip() for line in lines if re.search(r"\w{3}", line)]
+
+
 def classify_hunk(tree: Path, hunk: Hunk) -> HunkVerdict:
-    """How one hunk meets the tree: applies (at an offset), only with fuzz, already there,
-    there in another form, or not at all."""
+    """How one hunk meets the tree: applies (at an offset), only with fuzz (and where it
+    would land), already there, there in another form, or not at all."""
     text = hunk.as_patch()
     # Reverse first: a hunk that only adds lines still applies forward when upstream already
     # has them (and would add them twice); that it reverse-applies is the proof.
@@ -66,22 +79,89 @@ def classify_hunk(tree: Path, hunk: Hunk) -> HunkVerdict:
         offset = _OFFSET.search(forward.stderr + forward.stdout)
         moved = int(offset.group(1)) if offset else 0
         return HunkVerdict(hunk.file, hunk.header, "offset" if moved else "clean", moved)
-    if _apply(tree, text, "--check", "-C1").returncode == 0:
-        return HunkVerdict(hunk.file, hunk.header, "fuzz", detail="applies with 1 line of context")
     target = tree / hunk.file
+    if _apply(tree, text, "--check", "-C1").returncode == 0:
+        return HunkVerdict(hunk.file, hunk.header, "fuzz", detail=_where_fuzz_lands(tree, hunk))
     if not target.is_file():
         return HunkVerdict(hunk.file, hunk.header, "conflict", detail="file not found")
     present = {line.strip() for line in target.read_text(errors="replace").splitlines()}
-    # Lines that say something: a bare "}" or "{" is in every file.
-    removed = [line.strip() for line in hunk.removed if re.search(r"\w{3}", line)]
-    if removed and not any(line in present for line in removed):
+    removed, added = _meaningful(hunk.removed), _meaningful(hunk.added)
+    gone = not any(line in present for line in removed)
+    there = bool(added) and all(line in present for line in added)
+    if (removed and gone and there) or (not removed and there):
+        # The change itself is in the file, in another place or indentation: evidence for a
+        # maintainer to review, never proof enough to drop the patch.
         return HunkVerdict(
             hunk.file,
             hunk.header,
             "upstream in another form",
-            detail="none of the lines it removes is in the file any more",
+            detail=(
+                "the lines it removes are gone from the file and the lines it adds are there"
+                if removed
+                else "the lines it adds are there, in another place or indentation"
+            ),
+        )
+    if removed and gone:
+        return HunkVerdict(
+            hunk.file,
+            hunk.header,
+            "conflict",
+            detail="the lines it removes are gone from the file and the lines it adds are not "
+            "there: the code was rewritten; refresh the patch by hand",
         )
     return HunkVerdict(hunk.file, hunk.header, "conflict", detail=_where_it_differs(hunk, target))
+
+
+# git's own function-name rules for the hunk header of the files this project patches.
+_FUNCTION_NAMES = "*.py diff=python\n*.cu diff=cpp\n*.cuh diff=cpp\n*.h diff=cpp\n*.cpp diff=cpp\n"
+
+
+def _function_of(diff_header: str) -> str:
+    """The function context git wrote after a hunk's @@ ... @@, if any, without the ':' or
+    '{' that opens its body."""
+    context = diff_header.split("@@", 2)[2] if diff_header.count("@@") >= 2 else ""
+    return context.strip().rstrip(":{").rstrip()
+
+
+def _where_fuzz_lands(tree: Path, hunk: Hunk) -> str:
+    """Where the hunk applies with 1 line of context, by function: git diffs the file before
+    and after applying it there (in a copy), and names the function of each changed place."""
+    target = tree / hunk.file
+    with tempfile.TemporaryDirectory() as scratch:
+        before, after = Path(scratch) / "before", Path(scratch) / "after"
+        (after / hunk.file).parent.mkdir(parents=True)
+        shutil.copyfile(target, after / hunk.file)
+        before.mkdir()
+        shutil.copyfile(target, before / Path(hunk.file).name)
+        git(after, "init", "--quiet")
+        applied = _apply(after, hunk.as_patch(), "-C1")
+        attributes = Path(scratch) / "attributes"
+        attributes.write_text(_FUNCTION_NAMES)
+        diff = git(
+            after,
+            "-c",
+            f"core.attributesFile={attributes}",
+            "diff",
+            "--no-index",
+            "-U0",
+            str(before / Path(hunk.file).name),
+            str(after / hunk.file),
+            check=False,
+        ).stdout
+    intended = _function_of(hunk.text.split("\n", 1)[0])
+    landed = sorted(
+        {_function_of(line) for line in diff.splitlines() if line.startswith("@@")} - {""}
+    )
+    lines = re.findall(r"^@@ -(\d+)", diff, re.M)
+    if applied.returncode != 0 or not lines:
+        return "applies only with 1 line of context"
+    where = f"line {lines[0]} of {hunk.file}" + (f", in {', '.join(landed)}" if landed else "")
+    if intended and landed and intended not in landed:
+        return (
+            f"applies only with 1 line of context, at {where}: NOT in {intended}, where the "
+            "patch made it"
+        )
+    return f"applies only with 1 line of context, at {where}"
 
 
 def _where_it_differs(hunk: Hunk, target: Path) -> str:
@@ -102,6 +182,14 @@ def _where_it_differs(hunk: Hunk, target: Path) -> str:
                     f"{start + step + 1} the hunk expects {want.strip()[:60]!r}, the candidate "
                     f"has {found.strip()[:60]!r}"
                 )
+    stripped = [line.strip() for line in lines]
+    for line in expected:
+        if re.search(r"\w{3}", line) and line.strip() in stripped:
+            at = stripped.index(line.strip())
+            return (
+                f"its context line {line.strip()[:50]!r} is at {hunk.file}:{at + 1}, indented "
+                "otherwise; the candidate's file was re-indented there"
+            )
     return f"none of the hunk's context lines is in the candidate's {hunk.file}"
 
 
@@ -112,7 +200,8 @@ def _patch_verdict(hunks: list[HunkVerdict]) -> str:
     if kinds <= {"clean", "offset"}:
         return "offset"
     if kinds == {"upstream"}:
-        return "upstream"
+        # Each hunk alone, never the whole: the whole was tried first (classify_patch).
+        return "partly upstream"
     if kinds <= {"upstream", "upstream in another form"}:
         return "upstream in another form"
     # A hunk that meets nothing it expects, beside hunks that still apply: the patch's
@@ -138,7 +227,9 @@ def classify_patch(tree: Path, patch: Patch) -> PatchVerdict:
         ]
         _apply(tree, patch.diff)
     elif _apply(tree, patch.diff, "--check", "--reverse").returncode == 0:
+        # The whole patch, as one: the only proof that upstream carries it.
         verdicts = [HunkVerdict(h.file, h.header, "upstream") for h in hunks]
+        return PatchVerdict(patch.path.name, "upstream", ACTIONS["upstream"], verdicts)
     else:
         verdicts = []
         for hunk in hunks:
