@@ -362,7 +362,8 @@ def test_identical_hunks_that_each_reverse_apply_alone_are_not_upstream(
     lines = [*block, *[f"filler {n}" for n in range(10)], *block]
     lifted = [*block[:1], "#if ARCH >= 900", *block[2:], *lines[5:]]
     root = tree(lifted)
-    one = "@@ -1,5 +1,5 @@\n void f() {\n-#if ARCH < 1200\n+#if ARCH >= 900\n   wait();\n #endif\n }\n"
+    one = "@@ -1,5 +1,5 @@\n void f() {\n-#if ARCH < 1200\n+#if ARCH >= 900\n"
+    one += "   wait();\n #endif\n }\n"
     two = one.replace("@@ -1,5 +1,5 @@", "@@ -16,5 +16,5 @@")
     patch = patch_file(tmp_path, "p", {"a.txt": [one, two]})
     (result,) = verdict_of(root, patch)
