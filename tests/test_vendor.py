@@ -16,6 +16,7 @@ from sm120_build.vendor import (
     export_patches,
     read_state,
     unpack_sdist,
+    unsaved_work,
     vendor_upstream,
 )
 
@@ -448,3 +449,43 @@ def test_git_hooks_in_a_vendor_tree_never_run(three_patches: Any, tmp_path: Path
     commit_refresh(tree, "second", "line 10", "LINE 10")
     continue_series(upstream, series, tree)  # commits 0003 in this tree
     assert not marker.exists()
+
+
+def test_a_stopped_tree_with_a_refresh_goes_forward_when_the_inputs_change(
+    three_patches: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stopped at 0002, its refresh committed, then new pins (or patches): `vendor` said to
+    run --continue and --continue said to run vendor; the only way out was rm -rf, which
+    lost the refresh. vendor now makes the tree again and keeps the commit on a branch."""
+    upstream, sdist, series, tree = three_patches
+    stop_at_second(upstream, sdist, series, tree)
+    commit_refresh(tree, "second", "line 10", "LINE 10")
+    refresh = head(tree)
+    # New inputs: the series as it was before the drift (a new pin would do the same).
+    make_patch(series / "0002-second.patch", "src/code.txt", LINES, 9, "LINE 10", "second")
+    capsys.readouterr()
+    assert vendor_upstream(upstream, sdist, series, tree)
+    state = read_state(tree)
+    assert state is not None and state.complete
+    assert git(tree, "rev-parse", "kept/0002-second").stdout.strip() == refresh
+    assert commit_message(tree, refresh).startswith("Description: second\n")
+    said = capsys.readouterr().err
+    assert "your commits are kept in it as branch kept/0002-second" in said
+    # The kept branch is not in the series: export writes what HEAD holds.
+    assert export_patches(upstream, tree, series) == [
+        "0001-first.patch",
+        "0002-second.patch",
+        "0003-third.patch",
+    ]
+
+
+def test_unsaved_work_names_every_file_and_commit(three_patches: Any) -> None:
+    upstream, sdist, series, tree = three_patches
+    assert unsaved_work(tree, "vendor/demo") == []  # absent
+    stop_at_second(upstream, sdist, series, tree)
+    (tree / "scratch.txt").write_text("x")
+    commit_refresh(tree, "second", "line 10", "LINE 10")
+    problems = unsaved_work(tree, "vendor/demo")
+    assert problems[0] == "vendor/demo/scratch.txt: edited, untracked or ignored"
+    assert problems[1] == "vendor/demo: its series stopped part-way, at 0002-second.patch"
+    assert problems[2].startswith("vendor/demo: commits not in patches/ yet (git -C vendor/")

@@ -60,8 +60,9 @@ def test_continue_refuses_a_changed_series_untracked_files_and_no_refresh(
     (tree / "new.txt").unlink()
     (series / "0003-third.patch").write_text((series / "0003-third.patch").read_text() + "\n")
     assert refusal(continue_series, upstream, series, tree) == (
-        "patches/demo changed since vendor/demo stopped at 0002-second.patch; `--continue` "
-        "would mix two series. Run `nox -s vendor` to start again."
+        "the pins or patches/demo changed since vendor/demo stopped at 0002-second.patch; "
+        "`--continue` would mix two series. Run `nox -s vendor`: it makes the tree again from "
+        "them and keeps your commits in it on a branch."
     )
 
 

@@ -13,6 +13,7 @@ from .series import (
     PatchAlreadyApplied,
     PatchConflict,
     continue_series,
+    unsaved_work,
     vendor_upstream,
 )
 from .state import current_inputs, read_state, series_label
@@ -28,5 +29,6 @@ __all__ = [
     "read_state",
     "series_label",
     "unpack_sdist",
+    "unsaved_work",
     "vendor_upstream",
 ]

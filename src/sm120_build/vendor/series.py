@@ -74,8 +74,33 @@ def untracked_or_modified(tree: Path) -> list[str]:
     return [line[3:] for line in status.splitlines() if line.strip()]
 
 
-def _check_untouched(tree: Path, label: str) -> VendorState:
-    """The tree's state, after refusing anything a rebuild would destroy."""
+def unsaved_work(tree: Path, label: str) -> list[str]:
+    """Everything in `tree` that is not in patches/ yet, or that a rebuild would destroy,
+    each naming the file or commits (empty when the tree is absent or clean)."""
+    if not tree.exists() and not tree.is_symlink():
+        return []
+    if tree.is_symlink() or not tree.is_dir() or not (tree / ".git").is_dir():
+        return [f"{label}: not a vendor tree made by this tool (a file, a link, a plain "
+                "directory or a git worktree)"]
+    state = read_state(tree)
+    if state is None:
+        return [f"{label}: not made by this tool (no .git/{STATE_FILE})"]
+    problems = [f"{label}/{name}: edited, untracked or ignored" for name in untracked_or_modified(tree)]
+    if not state.complete:
+        problems.append(f"{label}: its series stopped part-way, at {state.stopped_at}")
+    if head(tree) != state.head:
+        problems.append(
+            f"{label}: commits not in patches/ yet (git -C {label} log {state.head[:12]}..HEAD)"
+        )
+    elif state.complete and not state.exact:
+        problems.append(f"{label}: refreshed patches not written to patches/ yet")
+    return problems
+
+
+def _check_untouched(tree: Path, label: str, key: str) -> tuple[VendorState, bool]:
+    """The tree's state, after refusing anything a rebuild would destroy; and whether it
+    stopped part-way with refresh commits that were made for other inputs than `key` (they
+    are kept on a branch of the tree made anew, not refused: --continue cannot take them)."""
     if tree.is_symlink() or not tree.is_dir() or not (tree / ".git").is_dir():
         raise UserError(
             f"{label} ({tree}) exists but was not made by this tool (no vendor tree of its "
@@ -98,6 +123,8 @@ def _check_untouched(tree: Path, label: str) -> VendorState:
             f"everything with `git -C {label} reset --hard && git -C {label} clean -fdx`."
         )
     if head(tree) != state.head and not state.complete:
+        if state.inputs != key:
+            return state, True
         raise UserError(
             f"{label} has commits after its series stopped at {state.stopped_at}. Run "
             f"`nox -s vendor -- --continue {tree.name}` to apply the rest of the series on "
@@ -113,7 +140,15 @@ def _check_untouched(tree: Path, label: str) -> VendorState:
             f"{label} holds refreshed patches that are not in patches/ yet. Run "
             f"`nox -s export_patches` to keep them, or `rm -rf {label}` to discard them."
         )
-    return state
+    return state, False
+
+
+def _keep_refresh(old: Path, new: Path, state: VendorState, label: str) -> str:
+    """Fetch the old tree's commits into the new tree as branch kept/<stopped patch>, so that
+    the refresh made before the inputs changed is not lost with the old tree."""
+    branch = f"kept/{(state.stopped_at or 'refresh').removesuffix('.patch')}"
+    git(new, "fetch", "--quiet", "--no-tags", str(old.resolve()), f"HEAD:refs/heads/{branch}")
+    return branch
 
 
 def _apply_series(tree: Path, patches: list[Patch], state: VendorState, label: str) -> VendorState:
@@ -146,8 +181,9 @@ def vendor_upstream(upstream: Upstream, sdist: Path, series_dir: Path, tree: Pat
     for leftover in tree.parent.glob(f"{SCRATCH_PREFIX}*-{tree.name}-*"):
         if abandoned_scratch(leftover):  # an interrupted run's new tree, by its marker
             shutil.rmtree(leftover)
+    keep_refresh = False
     if tree.exists() or tree.is_symlink():
-        state = _check_untouched(tree, label)
+        state, keep_refresh = _check_untouched(tree, label, key)
         if state.complete and state.exact and state.inputs == key:
             say(
                 f"{label} is current ({upstream.project} {upstream.version}, "
@@ -160,6 +196,8 @@ def vendor_upstream(upstream: Upstream, sdist: Path, series_dir: Path, tree: Pat
     with scratch_directory(tree.parent, tree.name) as scratch:
         new = scratch / tree.name
         base = make_pristine_tree(upstream, sdist, new)
+        old_state = read_state(tree) if keep_refresh else None
+        branch = _keep_refresh(tree, new, old_state, label) if old_state else None
         state = VendorState(inputs=key, base=base, head=base, complete=False, exact=True)
         write_state(new, state)
         try:
@@ -169,6 +207,14 @@ def vendor_upstream(upstream: Upstream, sdist: Path, series_dir: Path, tree: Pat
             if tree.exists():
                 tree.rename(scratch / "old")
             new.rename(tree)
+            if branch is not None and old_state is not None:
+                say(
+                    f"{label} had stopped at {old_state.stopped_at} with commits of yours on "
+                    "top, for other pins or patches than these: it was made again from "
+                    f"these, and your commits are kept in it as branch {branch} (`git -C "
+                    f"{label} log {branch}` shows them; `git -C {label} cherry-pick COMMIT` "
+                    "takes one)"
+                )
     return True
 
 
@@ -181,8 +227,9 @@ def continue_series(upstream: Upstream, series_dir: Path, tree: Path) -> None:
     patches = load_series(series_dir)
     if inputs_key(upstream, patches) != state.inputs:
         raise UserError(
-            f"patches/{tree.name} changed since {label} stopped at {state.stopped_at}; "
-            "`--continue` would mix two series. Run `nox -s vendor` to start again."
+            f"the pins or patches/{tree.name} changed since {label} stopped at "
+            f"{state.stopped_at}; `--continue` would mix two series. Run `nox -s vendor`: it "
+            "makes the tree again from them and keeps your commits in it on a branch."
         )
     files = untracked_or_modified(tree)
     if files:
