@@ -18,7 +18,6 @@ from sm120_build.bump import (
     companion_hashes,
     pin_set_problems,
     verdict,
-    write,
 )
 from sm120_build.errors import UserError
 from sm120_build.gitrepo import git
@@ -200,75 +199,6 @@ def test_a_vanished_hunk_beside_applying_ones_is_a_conflict_to_refresh(
     (result,) = verdict_of(root, patch)
     assert (result.verdict, result.action) == ("conflict", "refresh")
     assert [h.verdict for h in result.failing] == ["conflict"]
-
-
-def test_write_moves_the_pin_and_drops_what_upstream_carries(tmp_path: Path) -> None:
-    pins_file = tmp_path / "pins.toml"
-    pins_file.write_text(
-        '[upstream.demo]\nproject = "demo"\nversion = "1.0"\nsdist = "demo-1.0.tar.gz"\n'
-        f'sha256 = "{"0" * 64}"\ngit_url = ""\ngit_tag = "v1.0"\ngit_commit = "abc"\n\n'
-        '[toolkit]\nrequirement = "cuda-toolkit==13.0.2"\n'
-    )
-    series = tmp_path / "patches" / "demo"
-    series.mkdir(parents=True)
-    for name in ("0001-kept.patch", "0002-fixed-upstream.patch"):
-        (series / name).write_text("x\n")
-    (series / "series").write_text("0001-kept.patch\n0002-fixed-upstream.patch\n")
-    pins = load_pins(pins_file)
-    moved = replace(
-        pins.upstreams["demo"],
-        version="1.1",
-        sdist="demo-1.1.tar.gz",
-        sha256="1" * 64,
-        git_tag="v1.1",
-        git_commit="def",
-    )
-    verdicts = [
-        PatchVerdict("0001-kept.patch", "clean", "keep", []),
-        PatchVerdict("0002-fixed-upstream.patch", "upstream", "drop", []),
-    ]
-    done = write([Candidate(moved, verdicts)], pins, pins_file, tmp_path / "patches", tmp_path)
-    assert load_pins(pins_file).upstreams["demo"] == moved
-    assert (series / "series").read_text() == (
-        "0001-kept.patch\n"
-        "# 0002-fixed-upstream.patch: dropped, upstream in demo 1.1 (nox -s bump)\n"
-    )
-    assert not (series / "0002-fixed-upstream.patch").exists()
-    assert len(done) == 2
-
-
-def test_a_different_fix_upstream_is_kept_for_review_never_deleted(tmp_path: Path) -> None:
-    """A patch capped the FP4 cluster at 4 where the candidate caps it at 8: "none of the
-    lines it removes is left" is evidence of change, not of equivalence. --write used to
-    delete it."""
-    pins_file = tmp_path / "pins.toml"
-    pins_file.write_text(
-        '[upstream.demo]\nproject = "demo"\nversion = "1.0"\nsdist = "demo-1.0.tar.gz"\n'
-        f'sha256 = "{"0" * 64}"\ngit_url = ""\ngit_tag = "v1.0"\ngit_commit = "abc"\n\n'
-        '[toolkit]\nrequirement = "cuda-toolkit==13.0.2"\n'
-    )
-    series = tmp_path / "patches" / "demo"
-    series.mkdir(parents=True)
-    (series / "0001-cap-at-4.patch").write_text(HEADER.format(subject="cap at 4") + "\n")
-    (series / "0002-fixed-in-1-1.patch").write_text(
-        HEADER.format(subject="fixed") + "Applied-Upstream: 1.1, PR 99\n\n"
-    )
-    (series / "series").write_text("0001-cap-at-4.patch\n0002-fixed-in-1-1.patch\n")
-    pins = load_pins(pins_file)
-    moved = replace(pins.upstreams["demo"], version="1.1", sdist="demo-1.1.tar.gz")
-    another_form = "upstream in another form"
-    verdicts = [
-        PatchVerdict("0001-cap-at-4.patch", another_form, "review", []),
-        PatchVerdict("0002-fixed-in-1-1.patch", another_form, "review", []),
-    ]
-    write([Candidate(moved, verdicts)], pins, pins_file, tmp_path / "patches", tmp_path)
-    assert (series / "0001-cap-at-4.patch").is_file()
-    lines = (series / "series").read_text().splitlines()
-    assert lines[0].startswith("# REVIEW 0001-cap-at-4.patch: upstream in another form")
-    assert lines[1] == "0001-cap-at-4.patch"
-    # Its header names the release that carries it: dropped on that proof.
-    assert lines[2].startswith("# 0002-fixed-in-1-1.patch: dropped")
-    assert not (series / "0002-fixed-in-1-1.patch").exists()
 
 
 def test_an_add_only_hunk_already_upstream_is_upstream_not_offset(

@@ -176,7 +176,7 @@ def test_a_bump_candidate_sdist_is_never_run(served: Path, tmp_path: Path) -> No
     hostile_sdist(served / "demo-2.0.tar.gz", marker, version="2.0")
     pinned = fixture_upstream(hostile_sdist(tmp_path / "demo-1.0.tar.gz", marker))
     (tmp_path / "scratch").mkdir()
-    sdist = fetch_candidate(pinned, "2.0", tmp_path / "scratch")
+    (sdist,) = fetch_candidate(pinned, "2.0", tmp_path / "scratch")
     assert sdist.name == "demo-2.0.tar.gz"
     assert not marker.exists()
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 from . import (
     audit,
@@ -25,7 +28,7 @@ from . import (
 from .cache import cache_lock, scratch_directory
 from .console import say
 from .errors import UserError, exit_status
-from .layout import CACHE_ENV, Layout, repo_root
+from .layout import CACHE_ENV, Layout, repo_root, stack_name
 from .options import add_glibc_baseline, add_kernel_options, kernel_request
 
 
@@ -123,7 +126,42 @@ def _audit_gates(layout: Layout, args: argparse.Namespace) -> None:
 
 
 def _bump(layout: Layout, args: argparse.Namespace) -> int:
+    """The report, then --write; the exit status is the verdict (bump/report.py)."""
     pinned = pins.load(layout.pins_file)
+    with scratch_directory(layout.cache, "bump") as scratch:
+        try:
+            results, pinned_sglang = _bump_evaluate(layout, args, pinned, scratch)
+        except UserError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            say("bump verdict (3): the candidate could not be evaluated; nothing was written")
+            return 3
+        hints = {
+            p.patch: hint
+            for r in results
+            for p in r.patches
+            if (layout.patches / r.upstream.name / p.patch).is_file()
+            for hint in [bump.applied_upstream_hint(layout.patches / r.upstream.name / p.patch)]
+            if hint
+        }
+        for result in results:
+            print(bump.table(result, hints))
+        problems = bump.pin_set_problems(results, pinned, pinned_sglang)
+        for problem in problems:
+            say(f"the pins would not hold together: {problem}")
+        status = bump.verdict(results, problems)
+        if args.write and not problems:
+            status = _bump_write(layout, pinned, results, pinned_sglang, scratch) or status
+        elif args.write:
+            say("nothing was written: ask for the pair named above")
+        if args.json:
+            args.json.write_text(bump.as_json(results, status))
+    say(f"bump verdict ({status[0]}): {status[1]}")
+    return status[0]
+
+
+def _bump_evaluate(
+    layout: Layout, args: argparse.Namespace, pinned: pins.Pins, scratch: Path
+) -> tuple[list[bump.Candidate], dict[str, Requirement]]:
     candidates = [bump.parse_candidate(text, pinned) for text in args.candidates]
     names = [upstream.name for upstream, _ in candidates]
     if len(set(names)) != len(names):
@@ -139,38 +177,66 @@ def _bump(layout: Layout, args: argparse.Namespace) -> int:
             audit.classify(findings, waivers), audit.missing_scope(tree, name)
         )
 
-    # The pinned sglang's own metadata, from its sdist: a fresh clone gives the same report.
-    pinned_sglang = bump.sdist_requires(fetch.fetch_sdist(pinned.upstream("sglang"), layout.sdists))
-    with scratch_directory(layout.cache, "bump") as scratch:
-        results = bump.evaluate(
-            pinned, layout.patches, pinned_sglang, candidates, scratch, audit_candidate
-        )
-        for result in results:
-            print(bump.table(result))
-        problems = bump.pin_set_problems(results, pinned, pinned_sglang)
-        for problem in problems:
-            say(f"the pins would not hold together: {problem}")
-        status = bump.verdict(results, problems)
-        if args.write and not problems:
-            try:
-                written = bump.write(results, pinned, layout.pins_file, layout.patches, scratch)
-            except UserError as exc:
-                say(f"cannot write the bump: {exc}")
-                status = (2, str(exc))
-            else:
-                for line in written:
-                    say(line)
-                say(
-                    "next: `nox -s vendor` stops at the first patch to refresh; make its "
-                    "change in vendor/NAME, commit it with its header, `nox -s vendor -- "
-                    "--continue NAME`, repeat, then `nox -s export_patches`"
-                )
-        elif args.write:
-            say("nothing was written: ask for the pair named above")
-        if args.json:
-            args.json.write_text(bump.as_json(results, status))
-    say(f"bump verdict ({status[0]}): {status[1]}")
-    return status[0]
+    # The pinned sglang's own metadata, from its pinned file: a fresh clone gives the same
+    # report.
+    sglang = pinned.upstream("sglang")
+    source = fetch.fetch_sdist(sglang, layout.sdists)
+    pinned_sglang = (
+        bump.wheel_requires(source) if sglang.source.is_wheel else bump.sdist_requires(source)
+    )
+    results = bump.evaluate(
+        pinned, layout.patches, pinned_sglang, candidates, scratch, audit_candidate
+    )
+    return results, pinned_sglang
+
+
+def _bump_write(
+    layout: Layout,
+    pinned: pins.Pins,
+    results: list[bump.Candidate],
+    pinned_sglang: dict[str, Requirement],
+    scratch: Path,
+) -> tuple[int, str] | None:
+    """--write, after refusing whatever it could lose; None when it was written."""
+    in_the_way = bump.unsaved(layout, pinned)
+    if in_the_way:
+        for problem in in_the_way:
+            say(f"unsaved: {problem}")
+        say("nothing was written: commit or export the work named above first")
+        return 2, f"{len(in_the_way)} unsaved change(s) in the way of --write"
+    moved = {result.upstream.name: result.upstream for result in results}
+    sglang = moved.get("sglang", pinned.upstream("sglang"))
+    requires = next((r.requires for r in results if r.upstream.name == "sglang"), pinned_sglang)
+    companions: dict[str, bump.write.Pinned] = {}
+    try:
+        for name, (old, new) in bump.companion_pins(pinned, requires, sglang.version).items():
+            if new is None:
+                companions[name] = None
+            elif new != old:
+                hashes = bump.companion_hashes(name, new, scratch / "companions" / name)
+                companions[name] = (new, tuple(hashes))
+        files = bump.new_files(results, layout.pins_file, layout.patches, companions)
+    except UserError as exc:
+        say(f"cannot write the bump: {exc}")
+        return 2, str(exc)
+    name = f"sglang-{sglang.version}"
+    if name != stack_name(layout.pins_file):
+        target = bump.write_new_stack(layout, name, files)
+        where = f"the new stack {layout.shown(target)} (--stack {name})"
+        option = f" -- --stack {name}"
+    else:
+        bump.write_in_place(layout, files)
+        where = f"the stack in {layout.shown(layout.stack)}"
+        option = ""
+    for line in files.done:
+        say(line)
+    say(
+        f"wrote {where}. next: `nox -s vendor{option}` stops at the first patch to refresh; "
+        "make its change in the vendor tree, commit it with its header, `nox -s vendor -- "
+        f"--continue NAME`, repeat, then `nox -s export_patches{option}` and `nox -s "
+        f"derive_profiles{option}`"
+    )
+    return None
 
 
 def _publish(layout: Layout, args: argparse.Namespace) -> None:
@@ -439,6 +505,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The default cache, inside the checkout and ignored by git, is this tool's by
         # construction; one set by SM120_CACHE_DIR must be marked, empty or --force'd.
         force = args.force or layout.cache == layout.root / ".cache"
+        # A bump --write interrupted after its journal is finished before anything reads
+        # the pins (bump/write.py).
+        bump.finish_interrupted(layout)
         with cache_lock(layout.cache, force) if args.locks_cache else nullcontext():
             status: int | None = args.run(layout, args)
         return status or 0

@@ -7,6 +7,7 @@ stop the run, and the hunks that do apply are applied so later patches meet the 
 would meet after a refresh.
 """
 
+from . import write
 from .candidate import (
     Candidate,
     GateSummary,
@@ -15,9 +16,19 @@ from .candidate import (
     parse_candidate,
     pin_set_problems,
     sdist_requires,
+    wheel_requires,
 )
 from .classify import HunkVerdict, PatchVerdict, classify_series
-from .report import as_json, audit_summary, companion_hashes, table, verdict, write
+from .report import as_json, audit_summary, companion_hashes, table, verdict
+from .write import (
+    applied_upstream_hint,
+    companion_pins,
+    finish_interrupted,
+    new_files,
+    unsaved,
+    write_in_place,
+    write_new_stack,
+)
 
 __all__ = [
     "Candidate",
@@ -25,15 +36,23 @@ __all__ = [
     "HunkVerdict",
     "PatchVerdict",
     "_git_commit",
+    "applied_upstream_hint",
     "as_json",
     "audit_summary",
     "classify_series",
     "companion_hashes",
+    "companion_pins",
     "evaluate",
+    "finish_interrupted",
+    "new_files",
     "parse_candidate",
     "pin_set_problems",
     "sdist_requires",
     "table",
+    "unsaved",
     "verdict",
+    "wheel_requires",
     "write",
+    "write_in_place",
+    "write_new_stack",
 ]

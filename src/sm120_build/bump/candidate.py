@@ -8,12 +8,19 @@ import re
 import subprocess
 import sys
 import tarfile
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
 from packaging.version import Version
 
 from .. import index
@@ -22,7 +29,7 @@ from ..console import say
 from ..errors import UserError
 from ..fetch import FETCH_TIMEOUT
 from ..patches import load_series
-from ..pins import Pins, Upstream
+from ..pins import Artifact, Pins, Upstream
 from ..vendor import make_pristine_tree
 from .classify import PatchVerdict, classify_series
 
@@ -64,26 +71,7 @@ def parse_candidate(text: str, pins: Pins) -> tuple[Upstream, str]:
     raise UserError(f"{requirement.name} is not a pinned upstream (pinned: {known})")
 
 
-def fetch_candidate(upstream: Upstream, version: str, scratch: Path) -> Path:
-    """The candidate sdist, from where pip is configured to look; downloaded by name and
-    never run (index.py says why not through `pip download`)."""
-    sources = index.pip_sources()
-    wanted = (canonicalize_name(upstream.project), Version(version))
-    links = []
-    for link in index.project_links(sources, upstream.project, FETCH_TIMEOUT):
-        try:
-            name, found = parse_sdist_filename(link.name)
-        except InvalidSdistFilename:
-            continue
-        if (name, found) == wanted:
-            links.append(link)
-    if not links:
-        raise UserError(
-            f"no sdist of {upstream.project}=={version} in {sources.describe()} (pip's "
-            "configuration: `pip config list`); check the version, and that the index has "
-            "its sdist"
-        )
-    link = sorted(links, key=lambda link: not link.name.endswith(".tar.gz"))[0]
+def _download(link: index.Link, scratch: Path, sources: index.Sources) -> Path:
     say(f"fetching {link.name} from {sources.describe()}")
     got = index.download(link, scratch / link.name, sources, FETCH_TIMEOUT)
     if link.sha256 is not None and got != link.sha256:
@@ -92,6 +80,69 @@ def fetch_candidate(upstream: Upstream, version: str, scratch: Path) -> Path:
             "nothing of it was unpacked or run"
         )
     return scratch / link.name
+
+
+def _target(wheel_name: str) -> tuple[str, str, str]:
+    """(python tag, abi tag, CPU) of a wheel file name: a target, whatever its glibc."""
+    python, abi, platform = wheel_name[:-4].split("-")[-3:]
+    cpu = re.search(r"(x86_64|aarch64|arm64|ppc64le|s390x|i686|armv7l|any)$", platform)
+    return python, abi, cpu.group(1) if cpu else platform
+
+
+# The target a wheel-only candidate gets when the stack pinned an sdist so far: the Python
+# sglang's own images run and the CPU of the nodes this project builds for by default.
+DEFAULT_TARGET = ("cp312", "cp312", "x86_64")
+
+
+def fetch_candidate(upstream: Upstream, version: str, scratch: Path) -> list[Path]:
+    """The candidate's files, from where pip is configured to look; downloaded by name and
+    never run (index.py says why not through `pip download`): its sdist, or, for a project
+    that publishes only wheels, one wheel per target the stack builds for (the targets of
+    its pinned wheels, else DEFAULT_TARGET), the first to vendor."""
+    sources = index.pip_sources()
+    wanted = (canonicalize_name(upstream.project), Version(version))
+    sdists, wheels = [], []
+    for link in index.project_links(sources, upstream.project, FETCH_TIMEOUT):
+        try:
+            if link.name.endswith(".whl"):
+                if parse_wheel_filename(link.name)[:2] == wanted:
+                    wheels.append(link)
+            elif parse_sdist_filename(link.name) == wanted:
+                sdists.append(link)
+        except (InvalidSdistFilename, InvalidWheelFilename):
+            continue
+    if sdists:
+        link = sorted(sdists, key=lambda link: not link.name.endswith(".tar.gz"))[0]
+        return [_download(link, scratch, sources)]
+    if not wheels:
+        raise UserError(
+            f"no sdist or wheel of {upstream.project}=={version} in {sources.describe()} "
+            "(pip's configuration: `pip config list`); check the version, and that the "
+            "index has its files"
+        )
+    targets = [_target(w.file) for w in upstream.wheels] or [DEFAULT_TARGET]
+    chosen = []
+    for target in targets:
+        matching = sorted(
+            (link for link in wheels if _target(link.name) == target), key=lambda found: found.name
+        )
+        if not matching:
+            offered = ", ".join(sorted(link.name for link in wheels))
+            raise UserError(
+                f"{upstream.project} {version} publishes no sdist and no wheel for "
+                f"{'-'.join(target)} (it has {offered}); name a release that has one"
+            )
+        chosen.append(_download(matching[0], scratch, sources))
+    return chosen
+
+
+def wheel_requires(wheel: Path) -> dict[str, Requirement]:
+    """A wheel's own Requires-Dist (its .dist-info/METADATA), read without installing it."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = [n for n in archive.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
+        if len(names) != 1:
+            return {}
+        return _parse_requires(archive.read(names[0]).decode(errors="replace"))
 
 
 def _git_commit(tree: Path) -> str:
@@ -228,21 +279,25 @@ def evaluate(
     for pinned, version in candidates:
         directory = scratch / pinned.name
         directory.mkdir()
-        sdist = fetch_candidate(pinned, version, directory)
-        upstream = replace(
-            pinned,
-            version=version,
-            sdist=sdist.name,
-            sha256=sha256_of(sdist),
-            git_tag=f"v{version}",
-        )
-        say(f"{upstream.project} {version}: {sdist.name} sha256 {upstream.sha256}")
+        files = fetch_candidate(pinned, version, directory)
+        artifacts = tuple(Artifact(path.name, sha256_of(path)) for path in files)
+        if files[0].name.endswith(".whl"):
+            upstream = replace(pinned, version=version, sdist="", sha256="", wheels=artifacts)
+            requires[pinned.name] = wheel_requires(files[0])
+        else:
+            (sdist,) = artifacts
+            upstream = replace(
+                pinned, version=version, sdist=sdist.file, sha256=sdist.sha256, wheels=()
+            )
+            requires[pinned.name] = sdist_requires(files[0])
+        upstream = replace(upstream, git_tag=f"v{version}")
+        for artifact in artifacts:
+            say(f"{upstream.project} {version}: {artifact.file} sha256 {artifact.sha256}")
         tree = directory / "tree"
-        make_pristine_tree(upstream, sdist, tree)
+        make_pristine_tree(upstream, files[0], tree)
         upstream = replace(upstream, git_commit=_git_commit(tree))
         moved[pinned.name] = upstream
         trees[pinned.name] = tree
-        requires[pinned.name] = sdist_requires(sdist)
     for name, upstream in moved.items():
         tree = trees[name]
         result = Candidate(upstream, requires=requires[name])

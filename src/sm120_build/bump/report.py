@@ -1,32 +1,37 @@
-"""The bump's report (table, JSON, exit status) and --write: new pins, and patches dropped
-only on proof."""
+"""The bump's report: the table, the JSON and the exit status.
+
+Exit status: 0 nothing to do by hand; 1 refreshes, reviews or gates remain; 2 nothing can
+be written as asked (the pins would not hold together, or unsaved work is in the way of
+--write); 3 the candidate could not be evaluated (not on the index, not fetched, malformed).
+"""
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict
 from pathlib import Path
-
-from packaging.version import Version
 
 from ..audit import Report
 from ..cache import sha256_of
 from ..errors import UserError
 from ..fetch import pip_download
-from ..patches import parse_dep3
-from ..pins import Pins
 from .candidate import Candidate, GateSummary, _index_versions
 
 
-def table(result: Candidate) -> str:
+def table(result: Candidate, hints: dict[str, str] | None = None) -> str:
+    """The report of one candidate; `hints`: patch -> its Applied-Upstream header, said
+    beside the verdict (a header is a hint, never a reason to drop)."""
     upstream = result.upstream
+    files = ", ".join(f"{a.file}, sha256 {a.sha256}" for a in upstream.files)
     lines = [
-        f"{upstream.project} {upstream.version}  ({upstream.sdist}, sha256 {upstream.sha256})",
+        f"{upstream.project} {upstream.version}  ({files})",
         f"  {'patch':<62} {'verdict':<26} action",
     ]
     for patch in result.patches:
         lines.append(f"  {patch.patch:<62} {patch.verdict:<26} {patch.action}")
+        hint = (hints or {}).get(patch.patch)
+        if hint:
+            lines.append(f"      its header says Applied-Upstream: {hint} (a hint, not proof)")
         for hunk in patch.hunks:
             if hunk.verdict == "clean" and patch.verdict == "clean":
                 continue
@@ -88,23 +93,6 @@ def companion_hashes(name: str, version: str, scratch: Path) -> list[str]:
     return [sha256_of(wheel) for wheel in wheels]
 
 
-def _move_companion(text: str, name: str, version: str, hashes: list[str]) -> str:
-    table = re.search(rf"^\[companions\.{re.escape(name)}\]\n(.*?)(?=^\[|\Z)", text, re.M | re.S)
-    if table is None:
-        return text
-    block = re.sub(r'^version = "[^"]*"', f'version = "{version}"', table.group(1), flags=re.M)
-    listed = ", ".join(f'"{digest}"' for digest in hashes)
-    block = re.sub(r"^sha256 = \[[^\]]*\]", f"sha256 = [{listed}]", block, flags=re.M)
-    return text[: table.start(1)] + block + text[table.end(1) :]
-
-
-def _applied_upstream_in(patch: Path, version: str) -> bool:
-    """Whether the patch's DEP-3 Applied-Upstream names a release at or below `version`."""
-    field = parse_dep3(patch.read_text()).get("Applied-Upstream", "")
-    match = re.search(r"\d+(?:\.\d+)+(?:\.post\d+)?", field)
-    return match is not None and Version(match.group(0)) <= Version(version)
-
-
 def verdict(results: list[Candidate], problems: list[str]) -> tuple[int, str]:
     """The bump's exit status and why: 0 every patch clean or upstream (dropped on proof)
     and no gate left; 1 refreshes, reviews or gates remain; 2 it cannot be written."""
@@ -124,71 +112,3 @@ def verdict(results: list[Candidate], problems: list[str]) -> tuple[int, str]:
     if work or gates:
         return 1, "; ".join(work + gates)
     return 0, "every patch applies or is upstream, and no gate remains"
-
-
-def write(
-    results: list[Candidate], pins: Pins, pins_file: Path, patches_root: Path, scratch: Path
-) -> list[str]:
-    """Apply the candidates: new pins (the flashinfer-cubin companion moves with FlashInfer);
-    patches proven upstream (every hunk reverse-applies, or Applied-Upstream names a release
-    at or below the candidate) dropped from their series with a comment; patches upstream
-    in another form kept, marked for review. Everything is worked out before anything is
-    written. Returns what was done, for the user."""
-    text = pins_file.read_text()
-    done = []
-    series_texts: dict[Path, str] = {}
-    dropped: list[Path] = []
-    for result in results:
-        if result.upstream.name == "flashinfer" and "flashinfer-cubin" in pins.companions:
-            version = result.upstream.version
-            hashes = companion_hashes("flashinfer-cubin", version, scratch / "cubin")
-            text = _move_companion(text, "flashinfer-cubin", version, hashes)
-            done.append(f"pins.toml: flashinfer-cubin -> {version}")
-        upstream = result.upstream
-        table_match = re.search(
-            rf"^\[upstream\.{re.escape(upstream.name)}\]\n(.*?)(?=^\[|\Z)", text, re.M | re.S
-        )
-        if table_match is None:
-            raise UserError(f"{pins_file} has no [upstream.{upstream.name}] table to update")
-        block = table_match.group(1)
-        for key in ("version", "sdist", "sha256", "git_tag", "git_commit"):
-            block = re.sub(
-                rf'^{key} = "[^"]*"', f'{key} = "{getattr(upstream, key)}"', block, flags=re.M
-            )
-        text = text[: table_match.start(1)] + block + text[table_match.end(1) :]
-        done.append(f"pins.toml: {upstream.name} -> {upstream.project} {upstream.version}")
-        series = patches_root / upstream.name / "series"
-        lines = series.read_text().splitlines()
-        for patch in result.patches:
-            path = patches_root / upstream.name / patch.patch
-            proven = patch.verdict == "upstream" or (
-                patch.action == "review" and _applied_upstream_in(path, upstream.version)
-            )
-            mine = [
-                n
-                for n, line in enumerate(lines)
-                if line.split("#", 1)[0].split()[:1] == [patch.patch]
-            ]
-            if proven:
-                for n in mine:
-                    lines[n] = (
-                        f"# {patch.patch}: dropped, {patch.verdict} in {upstream.project} "
-                        f"{upstream.version} (nox -s bump)"
-                    )
-                dropped.append(path)
-                done.append(f"patches/{upstream.name}: dropped {patch.patch} ({patch.verdict})")
-            elif patch.action == "review":
-                for n in reversed(mine):
-                    lines.insert(
-                        n,
-                        f"# REVIEW {patch.patch}: upstream in another form in {upstream.project} "
-                        f"{upstream.version} (nox -s bump); kept until it is proven equivalent",
-                    )
-                done.append(f"patches/{upstream.name}: kept {patch.patch} for review")
-        series_texts[series] = "".join(f"{line}\n" for line in lines)
-    pins_file.write_text(text)
-    for series, series_text in series_texts.items():
-        series.write_text(series_text)
-    for path in dropped:
-        path.unlink(missing_ok=True)
-    return done
