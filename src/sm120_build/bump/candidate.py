@@ -202,31 +202,27 @@ def related_pins(
     others: dict[str, Upstream],
     pinned_sglang_requires: dict[str, Requirement],
 ) -> list[str]:
-    """What else must move with the candidate: the FlashInfer sglang requires, the cubin
-    companion, and the git reference (pin_set_problems decides whether the set holds)."""
+    """What else must move with the candidate: the FlashInfer sglang requires, the
+    companions (which follow the chosen sglang's metadata, --write), and the git reference
+    (pin_set_problems decides whether the set holds)."""
     lines = [f"git_tag {candidate.git_tag}, git_commit {candidate.git_commit or '(not recorded)'}"]
     if candidate.name == "sglang":
-        for name in ("flashinfer-python", "flashinfer-cubin"):
-            if name in requires:
-                lines.append(f"sglang {candidate.version} requires {requires[name]}")
-    if candidate.name == "flashinfer":
+        if "flashinfer-python" in requires:
+            lines.append(f"sglang {candidate.version} requires {requires['flashinfer-python']}")
+        sglang, chosen = candidate.version, requires
+    else:
+        sglang = pins.upstream("sglang").version
+        chosen = pinned_sglang_requires
         if "sglang" not in others and "flashinfer-python" in pinned_sglang_requires:
             lines.append(
-                f"the pinned sglang {pins.upstream('sglang').version} requires "
-                f"{pinned_sglang_requires['flashinfer-python']}"
+                f"the pinned sglang {sglang} requires {pinned_sglang_requires['flashinfer-python']}"
             )
-        cubin_versions = _index_versions("flashinfer-cubin")
-        companion = pins.companions.get("flashinfer-cubin")
-        if candidate.version in cubin_versions:
+    if candidate.name == "sglang" or "sglang" not in others:
+        for name, companion in pins.companions.items():
+            wanted = chosen.get(str(canonicalize_name(name)))
             lines.append(
-                f"flashinfer-cubin {candidate.version} is on the index: the companion pin "
-                f"(now {companion.version if companion else 'none'}) moves with it"
-            )
-        else:
-            lines.append(
-                f"flashinfer-cubin {candidate.version} is NOT on the index (it has "
-                f"{', '.join(cubin_versions[:5]) or 'nothing'} ...): nodes cannot satisfy "
-                "FlashInfer's exact cubin version check with a public cubin"
+                f"companion {name} (pinned {companion.version}): sglang {sglang} requires "
+                + (f"{wanted}" if wanted else "none, so --write drops the pin")
             )
     return lines
 
