@@ -242,7 +242,9 @@ def test_companions_follow_the_chosen_sglangs_metadata(project: Layout) -> None:
     files = new_files([candidate(project, "1.2")], project.pins_file, project.patches, dropped)
     write_in_place(project, files)
     assert load_pins(project.pins_file).companions == {}
-    assert "# Installed beside our wheels.\n" in project.pins_file.read_text()
+    text = project.pins_file.read_text()
+    assert "# Installed beside our wheels.\n" not in text  # its table's own comment
+    assert text.endswith('requirement = "cuda-toolkit==13.0.2"\n\n')
 
 
 def wheel_of(directory: Path, version: str, tag: str, requires: str = "") -> Path:
@@ -299,3 +301,21 @@ def test_a_wheels_own_requirements_are_read_without_installing(tmp_path: Path) -
     assert str(wheel_requires(wheel)["torch"]) == "torch==2.14.1"
     with zipfile.ZipFile(wheel) as archive:
         assert "sglang/__init__.py" in archive.namelist()
+
+
+def test_a_wheel_only_candidate_is_pinned_by_its_wheels(project: Layout) -> None:
+    """Written inside the upstream's table, after its last key: not as [[wheels]] tables
+    after the comments that introduce the next table (which broke pins.toml)."""
+    moved = replace(
+        candidate(project, "2.0").upstream,
+        sdist="",
+        sha256="",
+        wheels=(Artifact("sglang-2.0-cp312-cp312-manylinux_2_34_x86_64.whl", "4" * 64),),
+    )
+    files = new_files([Candidate(moved, [])], project.pins_file, project.patches, {})
+    (project.stack / "new.toml").write_text(files.texts["pins.toml"])
+    sglang = load_pins(project.stack / "new.toml").upstream("sglang")
+    assert sglang.wheels == moved.wheels and sglang.sdist == ""
+    text = files.texts["pins.toml"]
+    assert 'git_commit = "def"\nwheels = [\n  { file = "sglang-2.0-cp312' in text
+    assert "\n\n[toolkit]" in text

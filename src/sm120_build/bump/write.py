@@ -63,11 +63,27 @@ class NewFiles:
     done: list[str] = field(default_factory=list)  # what it did, for the user
 
 
-def _toml_value(key: str, value: object) -> str:
-    """`key = value` as TOML writes it (tomli-w: quotes and escapes are its business)."""
+def _toml_string(text: str) -> str:
+    """`text` as a TOML string (tomli-w: quotes and escapes are its business)."""
     import tomli_w
 
-    return tomli_w.dumps({key: value}).rstrip("\n")
+    return tomli_w.dumps({"v": text})[len("v = ") :].rstrip("\n")
+
+
+def _toml_value(value: object) -> str:
+    """A string, or a list of strings or of {str: str} tables, inline."""
+    if isinstance(value, str):
+        return _toml_string(value)
+    assert isinstance(value, list)
+    if not value:
+        return "[]"
+    items = [
+        _toml_string(item)
+        if isinstance(item, str)
+        else "{ " + ", ".join(f"{k} = {_toml_string(v)}" for k, v in item.items()) + " }"
+        for item in value
+    ]
+    return "[\n" + "".join(f"  {item},\n" for item in items) + "]"
 
 
 def _table_span(text: str, header: str) -> tuple[int, int] | None:
@@ -76,12 +92,19 @@ def _table_span(text: str, header: str) -> tuple[int, int] | None:
     return (match.start(1), match.end(1)) if match else None
 
 
+_KEY_LINE = re.compile(r"^[A-Za-z0-9_-]+ = (\[[^\]]*\]|.*)\n", re.M)
+
+
 def _set_key(block: str, key: str, value: object) -> str:
-    line = _toml_value(key, value)
-    pattern = rf"^{re.escape(key)} = .*$"
-    if re.search(pattern, block, re.M):
-        return re.sub(pattern, lambda _: line, block, count=1, flags=re.M)
-    return block.rstrip("\n") + f"\n{line}\n"
+    """`key = value` in place of the key's line, or after the table's last key (before
+    the comments that introduce the next table)."""
+    line = f"{key} = {_toml_value(value)}\n"
+    pattern = re.compile(rf"^{re.escape(key)} = (\[[^\]]*\]|.*)\n", re.M)
+    if pattern.search(block):
+        return pattern.sub(lambda _: line, block, count=1)
+    keys = list(_KEY_LINE.finditer(block))
+    at = keys[-1].end() if keys else 0
+    return block[:at] + line + block[at:]
 
 
 def _drop_key(block: str, key: str) -> str:
@@ -113,8 +136,15 @@ def _pins_text(text: str, results: list[Candidate], companions: Mapping[str, Pin
         if span is None:
             continue
         if pinned is None:
+            # The table goes, with the comment lines right above it, which describe it.
             header = text.rindex(f"[companions.{name}]", 0, span[0])
-            text = text[:header] + text[span[1] :]
+            start = header
+            while start > 0:
+                previous = text.rfind("\n", 0, start - 1) + 1
+                if not text[previous:start].startswith("#"):
+                    break
+                start = previous
+            text = text[:start] + text[span[1] :]
         else:
             block = _set_key(text[span[0] : span[1]], "version", pinned[0])
             block = _set_key(block, "sha256", list(pinned[1]))
