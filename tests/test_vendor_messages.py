@@ -282,3 +282,17 @@ def test_continue_refuses_a_run_interrupted_before_its_first_patch(
     assert refusal(continue_series, upstream, series, tree) == (
         "vendor/demo did not stop part-way through its series; nothing to continue"
     )
+
+
+def test_a_stacks_tree_is_named_with_its_stack(two_patches: Any, tmp_path: Path) -> None:  # noqa: F811
+    """A tree of stacks/<stack>/ is named so, and every command it suggests names the stack:
+    the default stack's commands would act on another tree."""
+    upstream, sdist, series, _ = two_patches
+    tree = tmp_path / "stacks" / "sglang-9.9" / "vendor" / "demo"
+    drifted = [*LINES[:3], "drifted", *LINES[4:]]
+    make_patch(series / "0001-first.patch", "src/code.txt", drifted, 1, "LINE 2", "first change")
+    message = refusal(vendor_upstream, upstream, sdist, series, tree)
+    assert message.startswith(f"{series / '0001-first.patch'} does not apply to ")
+    assert "stacks/sglang-9.9/vendor/demo is left at the last patch that applied" in message
+    assert "`nox -s vendor -- --continue demo --stack sglang-9.9`" in message
+    assert "`nox -s export_patches -- --stack sglang-9.9`" in message

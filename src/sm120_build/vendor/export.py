@@ -23,7 +23,7 @@ from ..patches import (
 )
 from ..pins import Upstream
 from .series import untracked_or_modified
-from .state import inputs_key, read_state, write_state
+from .state import inputs_key, nox_command, read_state, tree_label, write_state
 
 
 def _subject(message: str) -> str:
@@ -122,16 +122,18 @@ def export_patches(upstream: Upstream, tree: Path, series_dir: Path) -> list[str
     whose series stopped part-way or whose patches/ changed since it was made, refuses
     two commits with one subject, and never deletes a patch file.
     """
-    label = f"vendor/{tree.name}"
+    label = tree_label(tree)
     state = read_state(tree)
     if state is None:
-        raise UserError(f"{label} was not made by this tool; run `nox -s vendor` first")
+        raise UserError(
+            f"{label} was not made by this tool; run `{nox_command(tree, 'vendor')}` first"
+        )
     if not state.complete:
         raise UserError(
             f"{label} stopped part-way through its series, at {state.stopped_at}: exporting "
             f"now would drop {', '.join(state.remaining) or 'nothing'} and "
             f"{state.stopped_at}. Commit the refresh of {state.stopped_at}, run "
-            f"`nox -s vendor -- --continue {tree.name}`, then export."
+            f"`{nox_command(tree, 'vendor', '--continue ' + tree.name)}`, then export."
         )
     if untracked_or_modified(tree):
         raise UserError(
@@ -142,7 +144,8 @@ def export_patches(upstream: Upstream, tree: Path, series_dir: Path) -> list[str
     if len(current) != len(old_names) or inputs_key(upstream, current) != state.inputs:
         raise UserError(
             f"patches/{tree.name} changed since {label} was made; exporting would overwrite "
-            f"those changes. Keep them (commit them), then run `nox -s vendor` to rebuild "
+            f"those changes. Keep them (commit them), then run `{nox_command(tree, 'vendor')}` "
+            "to rebuild "
             f"{label} from them, and make your tree changes there."
         )
 

@@ -13,7 +13,15 @@ from ..errors import UserError
 from ..gitrepo import git, head
 from ..patches import Patch, load_series
 from ..pins import Upstream
-from .state import STATE_FILE, VendorState, inputs_key, read_state, write_state
+from .state import (
+    STATE_FILE,
+    VendorState,
+    inputs_key,
+    nox_command,
+    read_state,
+    tree_label,
+    write_state,
+)
 from .unpack import make_pristine_tree
 
 
@@ -43,8 +51,10 @@ def _failed_hunk(patch: Patch, stderr: str) -> str:
     return f"{path}, hunk at line {line}"
 
 
-def apply_patch(tree: Path, patch: Patch, label: str) -> None:
-    """Apply one patch strictly (no fuzz, all files or none) and commit it."""
+def apply_patch(tree: Path, patch: Patch, label: str, home: Path | None = None) -> None:
+    """Apply one patch strictly (no fuzz, all files or none) and commit it. `home`: where
+    the tree lives once made (it may be made elsewhere), for the commands a refusal names."""
+    home = home or tree
     check = git(tree, "apply", "--check", str(patch.path), check=False)
     if check.returncode != 0:
         reverse = git(tree, "apply", "--check", "--reverse", str(patch.path), check=False)
@@ -58,9 +68,9 @@ def apply_patch(tree: Path, patch: Patch, label: str) -> None:
             f"git apply said:\n{check.stderr.strip()}\n"
             f"{label} is left at the last patch that applied. To refresh this patch, make its "
             f"change in {label} and commit it with the patch's header as the message, then "
-            f"run `nox -s vendor -- --continue {label.rsplit('/', 1)[-1]}` to apply the rest "
-            "of the series, and `nox -s export_patches`. `nox -s bump` reports every patch "
-            "at once."
+            f"run `{nox_command(home, 'vendor', '--continue ' + home.name)}` to apply the rest "
+            f"of the series, and `{nox_command(home, 'export_patches')}`. `nox -s bump` "
+            "reports every patch at once."
         )
     git(tree, "apply", "--index", str(patch.path))
     message = patch.header.rstrip("\n") + "\n"
@@ -105,13 +115,14 @@ def _check_untouched(tree: Path, label: str, key: str) -> tuple[VendorState, boo
         raise UserError(
             f"{label} ({tree}) exists but was not made by this tool (no vendor tree of its "
             "own: a file, a link, a plain directory or a git worktree); nothing was touched. "
-            "Move it away, then run `nox -s vendor`."
+            f"Move it away, then run `{nox_command(tree, 'vendor')}`."
         )
     state = read_state(tree)
     if state is None:
         raise UserError(
             f"{label} ({tree}) exists but was not made by this tool (no "
-            f".git/{STATE_FILE}); nothing was touched. Move it away, then run `nox -s vendor`."
+            f".git/{STATE_FILE}); nothing was touched. Move it away, then run "
+            f"`{nox_command(tree, 'vendor')}`."
         )
     files = untracked_or_modified(tree)
     if files:
@@ -119,7 +130,8 @@ def _check_untouched(tree: Path, label: str, key: str) -> tuple[VendorState, boo
         raise UserError(
             f"{label} has files that are edited, untracked or ignored by git:\n  {shown}\n"
             "A rebuild would delete them. Commit edits (the message is the patch's DEP-3 "
-            "header) and run `nox -s export_patches`; move other files away; or discard "
+            f"header) and run `{nox_command(tree, 'export_patches')}`; move other files away; "
+            "or discard "
             f"everything with `git -C {label} reset --hard && git -C {label} clean -fdx`."
         )
     if head(tree) != state.head and not state.complete:
@@ -127,18 +139,21 @@ def _check_untouched(tree: Path, label: str, key: str) -> tuple[VendorState, boo
             return state, True
         raise UserError(
             f"{label} has commits after its series stopped at {state.stopped_at}. Run "
-            f"`nox -s vendor -- --continue {tree.name}` to apply the rest of the series on "
+            f"`{nox_command(tree, 'vendor', '--continue ' + tree.name)}` to apply the rest of "
+            "the series on "
             f"top, or `rm -rf {label}` to discard them."
         )
     if head(tree) != state.head:
         raise UserError(
-            f"{label} has commits that are not in patches/ yet. Run `nox -s export_patches` to "
+            f"{label} has commits that are not in patches/ yet. Run "
+            f"`{nox_command(tree, 'export_patches')}` to "
             f"keep them, or `rm -rf {label}` to discard them."
         )
     if state.complete and not state.exact:
         raise UserError(
             f"{label} holds refreshed patches that are not in patches/ yet. Run "
-            f"`nox -s export_patches` to keep them, or `rm -rf {label}` to discard them."
+            f"`{nox_command(tree, 'export_patches')}` to keep them, or `rm -rf {label}` to "
+            "discard them."
         )
     return state, False
 
@@ -151,7 +166,9 @@ def _keep_refresh(old: Path, new: Path, state: VendorState, label: str) -> str:
     return branch
 
 
-def _apply_series(tree: Path, patches: list[Patch], state: VendorState, label: str) -> VendorState:
+def _apply_series(
+    tree: Path, patches: list[Patch], state: VendorState, label: str, home: Path
+) -> VendorState:
     """Apply `patches` in order on top of state.head, recording progress after each."""
     for index, patch in enumerate(patches):
         stopped = replace(
@@ -162,7 +179,7 @@ def _apply_series(tree: Path, patches: list[Patch], state: VendorState, label: s
             remaining=tuple(p.path.name for p in patches[index + 1 :]),
         )
         write_state(tree, stopped)
-        apply_patch(tree, patch, label)
+        apply_patch(tree, patch, label, home)
         state = replace(stopped, head=head(tree))
         say(f"{label}: applied {patch.path.name}")
     return replace(state, complete=True, stopped_at=None, remaining=())
@@ -175,7 +192,7 @@ def vendor_upstream(upstream: Upstream, sdist: Path, series_dir: Path, tree: Pat
     old tree (or none) in place, never a half-made one. A series that stops at a conflict
     is swapped in too, at the last patch that applied, for the user to refresh.
     """
-    label = f"vendor/{tree.name}"
+    label = tree_label(tree)
     patches = load_series(series_dir)  # reject a bad series before touching anything
     key = inputs_key(upstream, patches)
     for leftover in tree.parent.glob(f"{SCRATCH_PREFIX}*-{tree.name}-*"):
@@ -201,7 +218,7 @@ def vendor_upstream(upstream: Upstream, sdist: Path, series_dir: Path, tree: Pat
         state = VendorState(inputs=key, base=base, head=base, complete=False, exact=True)
         write_state(new, state)
         try:
-            write_state(new, replace(_apply_series(new, patches, state, label), exact=True))
+            write_state(new, replace(_apply_series(new, patches, state, label, tree), exact=True))
         finally:
             # Swap in whatever was made: complete, or stopped at a conflict.
             if tree.exists():
@@ -220,7 +237,7 @@ def vendor_upstream(upstream: Upstream, sdist: Path, series_dir: Path, tree: Pat
 
 def continue_series(upstream: Upstream, series_dir: Path, tree: Path) -> None:
     """After a stop at a conflict and a committed refresh, apply the rest of the series."""
-    label = f"vendor/{tree.name}"
+    label = tree_label(tree)
     state = read_state(tree)
     if state is None or state.complete or state.stopped_at is None:
         raise UserError(f"{label} did not stop part-way through its series; nothing to continue")
@@ -228,7 +245,8 @@ def continue_series(upstream: Upstream, series_dir: Path, tree: Path) -> None:
     if inputs_key(upstream, patches) != state.inputs:
         raise UserError(
             f"the pins or patches/{tree.name} changed since {label} stopped at "
-            f"{state.stopped_at}; `--continue` would mix two series. Run `nox -s vendor`: it "
+            f"{state.stopped_at}; `--continue` would mix two series. Run "
+            f"`{nox_command(tree, 'vendor')}`: it "
             "makes the tree again from them and keeps your commits in it on a branch."
         )
     files = untracked_or_modified(tree)
@@ -244,6 +262,9 @@ def continue_series(upstream: Upstream, series_dir: Path, tree: Path) -> None:
             "in the tree and commit it, with the patch's header as the message, first"
         )
     rest = [patch for patch in patches if patch.path.name in state.remaining]
-    done = _apply_series(tree, rest, replace(state, head=head(tree)), label)
+    done = _apply_series(tree, rest, replace(state, head=head(tree)), label, tree)
     write_state(tree, replace(done, exact=False))
-    say(f"{label}: series complete; run `nox -s export_patches` to write it to patches/")
+    say(
+        f"{label}: series complete; run `{nox_command(tree, 'export_patches')}` to write it "
+        "to patches/"
+    )

@@ -15,6 +15,26 @@ from ..pins import Upstream
 STATE_FILE = "sm120-build.json"
 
 
+def _stack_of(tree: Path) -> str | None:
+    """The stack a vendor tree belongs to: None for the default one (vendor/<name>),
+    else <stack> of stacks/<stack>/vendor/<name>."""
+    stack = tree.parent.parent
+    return stack.name if stack.parent.name == "stacks" else None
+
+
+def tree_label(tree: Path) -> str:
+    """How messages name a vendor tree, as the user finds it from the checkout."""
+    stack = _stack_of(tree)
+    return f"stacks/{stack}/vendor/{tree.name}" if stack else f"vendor/{tree.name}"
+
+
+def nox_command(tree: Path, session: str, options: str = "") -> str:
+    """The nox command for `session` on the stack of `tree`, with `options`."""
+    stack = _stack_of(tree)
+    words = " ".join(word for word in (options, f"--stack {stack}" if stack else "") if word)
+    return f"nox -s {session}" + (f" -- {words}" if words else "")
+
+
 @dataclass(frozen=True)
 class VendorState:
     """What built a vendor tree, kept in .git/sm120-build.json.
@@ -67,8 +87,8 @@ def read_state(tree: Path) -> VendorState | None:
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(
             f"{path} is damaged ({type(exc).__name__}: {exc}), so it is unknown which commits "
-            f"of vendor/{tree.name} are patches. Keep what you need (`git -C vendor/{tree.name} "
-            f"log`), then remove vendor/{tree.name} and run `nox -s vendor`."
+            f"of {tree_label(tree)} are patches. Keep what you need (`git -C {tree_label(tree)} "
+            f"log`), then remove {tree_label(tree)} and run `{nox_command(tree, 'vendor')}`."
         ) from None
 
 
@@ -76,7 +96,9 @@ def current_inputs(tree: Path) -> str:
     """The digest of the sdist and patches a complete vendor tree was made from."""
     state = read_state(tree)
     if state is None or not state.complete:
-        raise UserError(f"vendor/{tree.name} is not complete; run `nox -s vendor`")
+        raise UserError(
+            f"{tree_label(tree)} is not complete; run `{nox_command(tree, 'vendor')}`"
+        )
     return state.inputs
 
 
