@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from sm120_build.audit import Finding, Waiver, classify
+from sm120_build.audit import Finding, Waiver, classify, load_scope
 from sm120_build.audit.device import (
     TRTLLM_COMM_SOURCES,
     device_findings,
@@ -16,7 +17,11 @@ from sm120_build.audit.device import (
 )
 from sm120_build.audit.python_ast import python_findings
 from sm120_build.cache import cache_lock
+from sm120_build.errors import UserError
 from sm120_build.layout import Layout
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+SCOPE = load_scope(CHECKOUT / "audit-scope.toml")
 
 
 def gates(tmp_path: Path, source: str) -> list[Finding]:
@@ -130,6 +135,7 @@ def test_waivers_apply_and_stale_ones_are_reported() -> None:
     report = classify(
         [finding("sglang/srt/server_args.py", "is_sm90_supported() or is_sm100_supported()")],
         [used, stale],
+        SCOPE,
     )
     assert report.findings[0].in_scope
     assert report.findings[0].waiver == "on purpose"
@@ -139,9 +145,10 @@ def test_waivers_apply_and_stale_ones_are_reported() -> None:
 
 
 def test_unwaived_in_scope_finding_fails() -> None:
-    report = classify([finding("sglang/srt/server_args.py", "is_sm90_supported()")], [])
+    report = classify([finding("sglang/srt/server_args.py", "is_sm90_supported()")], [], SCOPE)
     assert len(report.failing) == 1
-    assert classify([finding("sglang/srt/other.py", "x")], []).failing == []  # out of scope
+    out_of_scope = classify([finding("sglang/srt/other.py", "x")], [], SCOPE)
+    assert out_of_scope.failing == []
 
 
 def test_condition_and_function_of_a_region() -> None:
@@ -212,6 +219,44 @@ def test_scoped_files_that_moved_are_reported_missing(tmp_path: Path) -> None:
 
     (tmp_path / "sglang/srt/layers").mkdir(parents=True)
     (tmp_path / "sglang/srt/layers/layernorm.py").write_text("")
-    missing = missing_scope(tmp_path, "sglang")
+    missing = missing_scope(tmp_path, "sglang", SCOPE)
     assert "sglang/sglang/srt/layers/communicator.py" in missing
     assert "sglang/sglang/srt/layers/layernorm.py" not in missing
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "no [[scope]] tables: the audit would vouch for nothing"),
+        ('[[scope]]\nupstream = "x"\n', "scope 1 needs upstream and pattern"),
+        ('[[scope]]\nupstream = "x"\npattern = "y"\nwhere = "z"\n', "scope 1 takes only"),
+    ],
+)
+def test_a_malformed_scope_is_refused(tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "audit-scope.toml").write_text(text)
+    with pytest.raises(UserError, match=re.escape(message)):
+        load_scope(tmp_path / "audit-scope.toml")
+
+
+def test_each_stack_has_a_scope_that_matches_its_trees_files() -> None:
+    """The default stack's and every other stack's audit-scope.toml load."""
+    stacks = sorted((CHECKOUT / "stacks").glob("*/pins.toml"))
+    for pins in [CHECKOUT / "pins.toml", *stacks]:
+        assert load_scope(pins.with_name("audit-scope.toml")), pins
+
+
+def test_a_platform_attribute_gate_is_found(tmp_path: Path) -> None:
+    """sglang 0.5.23 asks a platform object (`get_platform().is_sm90`), not a function."""
+    found = gates(
+        tmp_path,
+        """
+        def _resolve_backend(backend):
+            if not (get_platform().is_sm90 or get_platform().is_sm100):
+                raise ValueError("requires SM90 or SM10X")
+            if get_platform().is_sm90 or get_platform().is_sm100 or get_platform().is_sm120:
+                return backend
+        """,
+    )
+    assert [(f.line, f.condition) for f in found] == [
+        (3, "get_platform().is_sm90 or get_platform().is_sm100")
+    ]

@@ -96,7 +96,7 @@ def _export_patches(layout: Layout, args: argparse.Namespace) -> None:
         written = vendor.export_patches(
             pinned.upstream(name), layout.vendor / name, layout.patches / name
         )
-        say(f"patches/{name}: {len(written)} patches exported")
+        say(f"{layout.shown(layout.patches / name)}: {len(written)} patches exported")
 
 
 def _audit_gates(layout: Layout, args: argparse.Namespace) -> None:
@@ -106,6 +106,7 @@ def _audit_gates(layout: Layout, args: argparse.Namespace) -> None:
         layout.vendor,
         layout.patches,
         audit.load_waivers(layout.waivers_file),
+        audit.load_scope(layout.scope_file),
         toolkit.pip_toolkit(pinned.toolkit_requirement, layout.cache),
         pristine=args.pristine,
         whole_tree=args.scope == "all",
@@ -116,7 +117,7 @@ def _audit_gates(layout: Layout, args: argparse.Namespace) -> None:
     if report.missing_scope:
         raise UserError(
             f"scoped files are missing ({', '.join(report.missing_scope)}): the audit cannot "
-            "vouch for what it did not see; update SCOPE in sm120_build/audit.py"
+            f"vouch for what it did not see; update {layout.shown(layout.scope_file)}"
         )
     if report.failing and args.scope != "all":
         raise UserError(
@@ -167,14 +168,15 @@ def _bump_evaluate(
     if len(set(names)) != len(names):
         raise UserError("give each upstream at most once")
     waivers = audit.load_waivers(layout.waivers_file)
+    scope = audit.load_scope(layout.scope_file)
     cuda = toolkit.pip_toolkit(pinned.toolkit_requirement, layout.cache)
 
     def audit_candidate(tree: Path, name: str) -> bump.GateSummary:
-        findings = audit.audit_tree(
-            tree.resolve(), name, cuda if audit.has_device_code(tree) else None, whole_tree=True
-        )
+        # With this stack's scope: a file the candidate moved is reported missing.
+        device = cuda if audit.has_device_code(tree) else None
+        findings = audit.audit_tree(tree.resolve(), name, device, whole_tree=True, scope=scope)
         return bump.audit_summary(
-            audit.classify(findings, waivers), audit.missing_scope(tree, name)
+            audit.classify(findings, waivers, scope), audit.missing_scope(tree, name, scope)
         )
 
     # The pinned sglang's own metadata, from its pinned file: a fresh clone gives the same

@@ -59,6 +59,10 @@ class Layout:
         return self.stack / "audit-waivers.toml"
 
     @property
+    def scope_file(self) -> Path:
+        return self.stack / "audit-scope.toml"
+
+    @property
     def vendor(self) -> Path:
         return self.stack / "vendor"
 

@@ -43,10 +43,12 @@ def check_gates(layout: Layout, pins: Pins, cuda: toolkit.Toolkit) -> None:
     code, so an unchanged re-run does not preprocess again."""
     inputs = [vendor.current_inputs(layout.vendor / name) for name in sorted(pins.upstreams)]
     waivers_text = layout.waivers_file.read_text() if layout.waivers_file.is_file() else ""
+    scope = audit.load_scope(layout.scope_file)
     key = digest(
         "audit",
         inputs,
         waivers_text,
+        scope,
         cuda.full_version,
         files_digest(sorted((PACKAGE_DIR / "audit").glob("*.py"))),
     )
@@ -58,6 +60,7 @@ def check_gates(layout: Layout, pins: Pins, cuda: toolkit.Toolkit) -> None:
         layout.vendor,
         layout.patches,
         audit.load_waivers(layout.waivers_file),
+        scope,
         cuda,
         pristine=False,
         whole_tree=False,
@@ -67,7 +70,8 @@ def check_gates(layout: Layout, pins: Pins, cuda: toolkit.Toolkit) -> None:
         raise UserError(
             f"{len(report.failing)} arch gate(s) on the fusion path still exclude SM120, and "
             f"{len(report.missing_scope)} scoped file pattern(s) match nothing (table above); "
-            "patch or waive the gates in audit-waivers.toml, or update the audit's scope. "
+            f"patch or waive the gates in {layout.shown(layout.waivers_file)}, or update the "
+            f"audit's scope in {layout.shown(layout.scope_file)}. "
             "Nothing was built."
         )
     say(f"gate audit: {len(report.findings)} findings, none unwaived in scope")

@@ -24,16 +24,18 @@ from ..vendor import read_state
 from .device import device_findings, has_device_code
 from .python_ast import python_files, python_findings
 from .report import Report, classify
-from .scope import Finding, Waiver, load_waivers, missing_scope
+from .scope import Finding, ScopeEntry, Waiver, load_scope, load_waivers, missing_scope
 
 __all__ = [
     "Finding",
     "Report",
+    "ScopeEntry",
     "Waiver",
     "audit",
     "audit_tree",
     "classify",
     "has_device_code",
+    "load_scope",
     "load_waivers",
     "missing_scope",
 ]
@@ -56,9 +58,13 @@ def removing_patch(
 
 
 def audit_tree(
-    tree: Path, upstream: str, toolkit: Toolkit | None, whole_tree: bool
+    tree: Path,
+    upstream: str,
+    toolkit: Toolkit | None,
+    whole_tree: bool,
+    scope: tuple[ScopeEntry, ...],
 ) -> list[Finding]:
-    findings = python_findings(tree, upstream, python_files(tree, upstream, whole_tree))
+    findings = python_findings(tree, upstream, python_files(tree, upstream, whole_tree, scope))
     if toolkit is not None:
         findings += device_findings(tree, upstream, toolkit)
     return findings
@@ -68,6 +74,7 @@ def audit(
     vendor_root: Path,
     patches_root: Path,
     waivers: list[Waiver],
+    scope: tuple[ScopeEntry, ...],
     toolkit: Toolkit,
     *,
     pristine: bool,
@@ -85,12 +92,13 @@ def audit(
             if pristine:
                 audited = Path(scratch) / tree.name
                 export_tree(tree, audited, state.base)
-            missing += missing_scope(audited, tree.name)
+            missing += missing_scope(audited, tree.name, scope)
             found = audit_tree(
                 audited.resolve(),
                 tree.name,
                 toolkit if has_device_code(audited) else None,
                 whole_tree,
+                scope,
             )
             if pristine:
                 commits = git(tree, "rev-list", "--reverse", f"{state.base}..HEAD").stdout.split()
@@ -101,4 +109,4 @@ def audit(
                     for f in found
                 ]
             findings += found
-    return replace(classify(findings, waivers), missing_scope=missing)
+    return replace(classify(findings, waivers, scope), missing_scope=missing)

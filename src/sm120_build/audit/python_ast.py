@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from .scope import SCOPE, Finding
+from .scope import Finding, ScopeEntry
 
 _SM_PREDICATE = re.compile(r"^_?is_sm(\d+)(?:_supported)?$")
 _HAS_SM = re.compile(r"^has_sm(\d+)\w*$")
@@ -45,7 +45,12 @@ class _Module(ast.NodeVisitor):
         """Majors an expression's capability predicates test for (calls, aliases, flags)."""
         majors: set[int] = set()
         for sub in ast.walk(node):
-            name = _call_name(sub) or (sub.id if isinstance(sub, ast.Name) else None)
+            # A call, a name, or an attribute: sglang 0.5.23 asks `get_platform().is_sm90`.
+            name = (
+                _call_name(sub)
+                or (sub.id if isinstance(sub, ast.Name) else None)
+                or (sub.attr if isinstance(sub, ast.Attribute) else None)
+            )
             if name is None:
                 continue
             match = _SM_PREDICATE.match(name)
@@ -203,13 +208,15 @@ def python_findings(tree: Path, upstream: str, files: Iterable[Path]) -> list[Fi
     return findings
 
 
-def python_files(tree: Path, upstream: str, whole_tree: bool) -> list[Path]:
+def python_files(
+    tree: Path, upstream: str, whole_tree: bool, scope: tuple[ScopeEntry, ...]
+) -> list[Path]:
     if whole_tree:
         return sorted(p for p in tree.rglob("*.py") if ".git" not in p.parts)
     return sorted(
         {
             path
-            for entry in SCOPE
+            for entry in scope
             if entry.upstream == upstream and entry.pattern.endswith(".py")
             for path in tree.glob(entry.pattern)
         }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from .scope import Finding, Waiver, in_scope
+from .scope import Finding, ScopeEntry, Waiver, in_scope
 
 
 @dataclass
@@ -71,7 +71,9 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def classify(findings: list[Finding], waivers: list[Waiver]) -> Report:
+def classify(
+    findings: list[Finding], waivers: list[Waiver], scope: tuple[ScopeEntry, ...]
+) -> Report:
     classified = []
     used: set[Waiver] = set()
     for finding in findings:
@@ -79,6 +81,10 @@ def classify(findings: list[Finding], waivers: list[Waiver]) -> Report:
         if waiver:
             used.add(waiver)
         classified.append(
-            replace(finding, in_scope=in_scope(finding), waiver=waiver.reason if waiver else None)
+            replace(
+                finding,
+                in_scope=in_scope(finding, scope),
+                waiver=waiver.reason if waiver else None,
+            )
         )
     return Report(findings=classified, stale_waivers=[w for w in waivers if w not in used])

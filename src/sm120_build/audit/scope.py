@@ -22,24 +22,22 @@ class ScopeEntry:
     anchor: str | None = None
 
 
-SCOPE = (
-    ScopeEntry("flashinfer", "csrc/trtllm_allreduce.cu"),
-    ScopeEntry("flashinfer", "csrc/trtllm_allreduce_fusion.cu"),
-    ScopeEntry("flashinfer", "csrc/trtllm_moe_allreduce_fusion.cu"),
-    ScopeEntry("flashinfer", "include/flashinfer/*"),  # what those translation units include
-    ScopeEntry("flashinfer", "flashinfer/comm/*.py"),
-    ScopeEntry("flashinfer", "flashinfer/jit/comm.py"),
-    ScopeEntry("flashinfer", "flashinfer/aot.py", anchor="gen_trtllm_comm_module"),
-    ScopeEntry("sglang", "sglang/srt/layers/communicator.py"),
-    ScopeEntry("sglang", "sglang/srt/layers/flashinfer_comm_fusion.py"),
-    ScopeEntry("sglang", "sglang/srt/layers/layernorm.py"),
-    ScopeEntry(
-        "sglang",
-        "sglang/srt/model_executor/model_runner.py",
-        function="_should_run_flashinfer_autotune",
-    ),
-    ScopeEntry("sglang", "sglang/srt/server_args.py", anchor="enable_flashinfer_allreduce_fusion"),
-)
+_SCOPE_KEYS = ("upstream", "pattern", "function", "anchor")
+
+
+def load_scope(path: Path) -> tuple[ScopeEntry, ...]:
+    """The stack's audit-scope.toml: the files of its allreduce-fusion path."""
+    entries = read_toml(path).get("scope", [])
+    if not isinstance(entries, list) or not entries:
+        raise UserError(f"{path}: no [[scope]] tables: the audit would vouch for nothing")
+    scope = []
+    for number, entry in enumerate(entries, start=1):
+        if not isinstance(entry, dict) or set(entry) - set(_SCOPE_KEYS):
+            raise UserError(f"{path}: scope {number} takes only {', '.join(_SCOPE_KEYS)}")
+        if not all(isinstance(entry.get(key), str) for key in ("upstream", "pattern")):
+            raise UserError(f"{path}: scope {number} needs upstream and pattern (strings)")
+        scope.append(ScopeEntry(**entry))
+    return tuple(scope)
 
 
 @dataclass(frozen=True)
@@ -93,8 +91,8 @@ def load_waivers(path: Path) -> list[Waiver]:
     return waivers
 
 
-def in_scope(finding: Finding) -> bool:
-    for entry in SCOPE:
+def in_scope(finding: Finding, scope: tuple[ScopeEntry, ...]) -> bool:
+    for entry in scope:
         if entry.upstream != finding.upstream or not fnmatch.fnmatch(finding.file, entry.pattern):
             continue
         if entry.function and finding.function != entry.function:
@@ -105,10 +103,10 @@ def in_scope(finding: Finding) -> bool:
     return False
 
 
-def missing_scope(tree: Path, upstream: str) -> list[str]:
+def missing_scope(tree: Path, upstream: str, scope: tuple[ScopeEntry, ...]) -> list[str]:
     """Scope patterns that match no file: a moved or renamed file must not pass silently."""
     return [
         f"{upstream}/{entry.pattern}"
-        for entry in SCOPE
+        for entry in scope
         if entry.upstream == upstream and not any(tree.glob(entry.pattern))
     ]

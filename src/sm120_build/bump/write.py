@@ -46,6 +46,7 @@ STACK_FILES = (
     "profiles-derived.toml",
     "served-models.toml",
     "audit-waivers.toml",
+    "audit-scope.toml",
 )
 
 
