@@ -4,6 +4,7 @@ coverage, the node check's rules and the base-wheel overlay, on small generated 
 from __future__ import annotations
 
 import re
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -93,7 +94,7 @@ def test_ninja_parse_expands_variables_and_keeps_quoted_words() -> None:
 
 def test_modules_cmake_splits_includes_and_drops_what_cmake_links_itself() -> None:
     toolkit = Toolkit(Path("/opt/cuda"), (13, 0), "13.0.88", frozenset({"sm_120"}))
-    text = modules_cmake([demo_module()], toolkit)
+    text = modules_cmake([demo_module()], toolkit, Path("/build/driver-stub"))
     values: dict[str, list[str]] = {}
     for line in text.splitlines():
         if re.fullmatch(r"  [A-Z_]+", line):
@@ -103,8 +104,9 @@ def test_modules_cmake_splits_includes_and_drops_what_cmake_links_itself() -> No
             values[key].append(line.strip()[1:-1])
     assert values["INCLUDES"] == ["/gen/extra"]
     assert values["SYSTEM_INCLUDES"] == ["/py/include", "/opt/cuda/include", "/src/include"]
-    assert values["LINK_DIRS"] == ["/opt/cuda/lib64"]  # stubs dropped: no libcuda
-    assert values["LIBRARIES"] == ["nvrtc"]  # cudart static, no libcuda
+    # The toolkit's stubs are the generated driver stub's; cudart is static.
+    assert values["LINK_DIRS"] == ["/opt/cuda/lib64", "/build/driver-stub"]
+    assert values["LIBRARIES"] == ["cuda", "nvrtc"]
     assert "-isystem" not in values["CUDA_FLAGS"]
     assert values["CUDA_FLAGS"][-1] == "-DX=a b"
     assert values["CXX_FLAGS"] == [
@@ -115,7 +117,9 @@ def test_modules_cmake_splits_includes_and_drops_what_cmake_links_itself() -> No
     ]
     assert "LINK_FLAGS" not in values
     # CMake's own quoting: a $ or ; in a flag stays literal.
-    odd = modules_cmake([demo_module(cuda_flags=["-DA=$x;y"], cxx_flags=[])], toolkit)
+    odd = modules_cmake(
+        [demo_module(cuda_flags=["-DA=$x;y"], cxx_flags=[])], toolkit, Path("/stub")
+    )
     assert '"-DA=\\$x\\;y"' in odd
 
 
@@ -125,7 +129,7 @@ def test_modules_cmake_refuses_different_cxx_and_cuda_includes() -> None:
     with pytest.raises(
         UserError, match=r"demo: FlashInfer gives C\+\+ and CUDA different includes"
     ):
-        modules_cmake([module], toolkit)
+        modules_cmake([module], toolkit, Path("/stub"))
 
 
 def gencode(arch: str) -> str:
@@ -304,3 +308,42 @@ def test_render_without_flashinfer_says_what_to_run(tmp_path: Path) -> None:
             [Arch.parse("12.0f")],
             toolkit,
         )
+
+
+def test_flashinfers_data_links_are_read_from_its_build_backend(tmp_path: Path) -> None:
+    """FlashInfer 0.7 links 3rdparty/cccl too; a fixed list would miss it."""
+    from sm120_build.jit_cache.sources import data_links
+
+    (tmp_path / "build_backend.py").write_text(
+        "def _create_data_dir(use_symlinks=True):\n"
+        "    def ln(source, target):\n        pass\n"
+        '    ln("3rdparty/cutlass", "cutlass")\n    ln("3rdparty/cccl", "cccl")\n'
+        '    ln("csrc", "csrc")\n'
+        'def other():\n    ln("x", "y")\n'
+    )
+    assert data_links(tmp_path) == {
+        "cutlass": "3rdparty/cutlass",
+        "cccl": "3rdparty/cccl",
+        "csrc": "csrc",
+    }
+    (tmp_path / "build_backend.py").write_text("def _create_data_dir():\n    pass\n")
+    with pytest.raises(UserError, match="FlashInfer changed how it lays out flashinfer/data/"):
+        data_links(tmp_path)
+
+
+@pytest.mark.slow
+def test_the_driver_stub_holds_the_link_names_of_cuda_h(tmp_path: Path) -> None:
+    """cuStreamWriteValue32 links as cuStreamWriteValue32_v2 (cuda.h's #define), as the
+    real driver exports it; the stub's soname is the driver's."""
+    from sm120_build.jit_cache.driver_stub import driver_functions, driver_stub
+    from sm120_build.toolkit import pip_toolkit
+
+    from .conftest import PINS_TOOLKIT
+
+    toolkit = pip_toolkit(PINS_TOOLKIT, tmp_path / "cache")
+    names = driver_functions(toolkit)
+    assert "cuDeviceGet" in names and "cuStreamWriteValue32_v2" in names
+    assert "cuStreamWriteValue32" not in names
+    stub = driver_stub(toolkit, tmp_path / "stub") / "libcuda.so"
+    dynamic = subprocess.run(["readelf", "-d", str(stub)], capture_output=True, text=True).stdout
+    assert "Library soname: [libcuda.so.1]" in dynamic

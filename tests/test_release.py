@@ -13,7 +13,7 @@ from sm120_build.errors import UserError
 from sm120_build.glibc import check_baseline, describe, newest_glibc
 from sm120_build.jit_cache.cmake import MEMORY_PER_JOB, compile_environment, compile_jobs
 from sm120_build.toolkit import Toolkit
-from sm120_build.wheels import manylinux_tag
+from sm120_build.wheels import manylinux_tag, platform_audit
 
 from .conftest import zip_wheel
 
@@ -60,11 +60,96 @@ def test_auditwheel_agrees_on_the_tag(newer_symbol_wheel: Path) -> None:
 
 
 def test_a_wheel_above_the_promised_baseline_is_refused(newer_symbol_wheel: Path) -> None:
+    tag = "manylinux_2_34_x86_64"
     with pytest.raises(
-        UserError, match=r"needs glibc 2\.34, above the promised 2\.28: pthread_create"
+        UserError,
+        match=r"is tagged manylinux_2_34_x86_64, above the promised glibc 2\.28: glibc 2\.34 "
+        r"for pthread_create",
     ):
-        check_baseline(newer_symbol_wheel, "2.28")
-    check_baseline(newer_symbol_wheel, "2.34")  # at the baseline: fine
+        check_baseline(newer_symbol_wheel, tag, {}, "2.28")
+    check_baseline(newer_symbol_wheel, tag, {}, "2.34")  # at the baseline: fine
+
+
+@pytest.fixture
+def newer_libstdcxx_wheel(tmp_path: Path) -> Path:
+    """A wheel whose .so needs nothing newer of glibc than any, but GLIBCXX_3.4.29
+    (std::string::reserve() without an argument, GCC 11's libstdc++)."""
+    (tmp_path / "f.cpp").write_text(
+        "#include <string>\n"
+        'extern "C" unsigned long grow(std::string* s) { s->reserve(); return s->capacity(); }\n'
+    )
+    subprocess.run(
+        ["g++", "-shared", "-fPIC", "-O1", "-o", str(tmp_path / "f.so"), str(tmp_path / "f.cpp")],
+        check=True,
+    )
+    return zip_wheel(
+        tmp_path / "demo-1.0-py3-none-linux_x86_64.whl",
+        {
+            "demo/f.so": (tmp_path / "f.so").read_bytes(),
+            "demo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
+            "demo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nTag: py3-none-linux_x86_64\n",
+        },
+    )
+
+
+@pytest.mark.slow
+def test_a_newer_libstdcxx_alone_breaks_the_baseline(newer_libstdcxx_wheel: Path) -> None:
+    """Its only newer need is GLIBCXX_3.4.29: auditwheel tags it manylinux_2_34, and the
+    baseline used to look at GLIBC_ symbols only and let it pass."""
+    found = platform_audit(newer_libstdcxx_wheel)
+    assert found.tag == "manylinux_2_34_x86_64"
+    with pytest.raises(UserError) as refused:
+        check_baseline(newer_libstdcxx_wheel, found.tag, found.versioned_symbols, "2.28")
+    assert str(refused.value) == (
+        "demo-1.0-py3-none-linux_x86_64.whl is tagged manylinux_2_34_x86_64, above the "
+        "promised glibc 2.28: no glibc symbol above it; newest of the other libraries: "
+        "libstdc++.so.6 GLIBCXX_3.4.29. Build where glibc is at most 2.28 (a manylinux_2_28 "
+        "image, ci/docker/), or promise less."
+    )
+
+
+@pytest.mark.slow
+def test_a_wheel_that_links_only_the_driver_keeps_its_manylinux_tag(tmp_path: Path) -> None:
+    """pcie_ipc_comm needs libcuda.so.1, which no manylinux policy lists: auditwheel says
+    linux_x86_64, but the driver is on every node these kernels run on."""
+    (tmp_path / "f.c").write_text(
+        "int cuDeviceGet(int *, int);\nint f(void) { int d; return cuDeviceGet(&d, 0); }\n"
+    )
+    (tmp_path / "stub.c").write_text("int cuDeviceGet(void) { return 0; }\n")
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libcuda.so.1",
+            "-o",
+            str(tmp_path / "libcuda.so"),
+            str(tmp_path / "stub.c"),
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(tmp_path / "f.so"),
+            str(tmp_path / "f.c"),
+            f"-L{tmp_path}",
+            "-lcuda",
+        ],
+        check=True,
+    )
+    wheel = zip_wheel(
+        tmp_path / "demo-1.0-py3-none-linux_x86_64.whl",
+        {
+            "demo/f.so": (tmp_path / "f.so").read_bytes(),
+            "demo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
+            "demo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nTag: py3-none-linux_x86_64\n",
+        },
+    )
+    assert platform_audit(wheel).tag.startswith("manylinux_2_")
 
 
 CUDA = Toolkit(Path("/opt/cuda"), (13, 0), "13.0.88", frozenset({"sm_120"}))

@@ -72,15 +72,36 @@ def describe(tag: str, wheel: Path) -> str:
     return f"platform tag {tag}: glibc {version[0]}.{version[1]}, needed by {shown}"
 
 
-def check_baseline(wheel: Path, baseline: str) -> None:
-    """Refuse a wheel whose binaries need a newer glibc than `baseline` ("2.28")."""
+def _tag_glibc(tag: str) -> tuple[int, int] | None:
+    match = re.match(r"^manylinux_(\d+)_(\d+)_", tag)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def check_baseline(wheel: Path, tag: str, versioned: dict[str, list[str]], baseline: str) -> None:
+    """Refuse a wheel tagged for a newer glibc than `baseline` ("2.28"): the tag auditwheel
+    gives, which the newest of every symbol version sets (GLIBC_, and GLIBCXX_, CXXABI_ and
+    GCC_ of the libraries that come with a glibc), not glibc's own symbols alone."""
     match = re.fullmatch(r"(\d+)\.(\d+)", baseline)
     if match is None:
         raise UserError(f"--glibc-baseline {baseline!r}: expected MAJOR.MINOR, e.g. 2.28")
+    promised = (int(match[1]), int(match[2]))
+    tagged = _tag_glibc(tag)
+    if tagged is not None and tagged <= promised:
+        return
     version, needing = newest_glibc(wheel)
-    if version > (int(match[1]), int(match[2])):
-        raise UserError(
-            f"{wheel.name} needs glibc {version[0]}.{version[1]}, above the promised "
-            f"{baseline}: {', '.join(needing[:5])}. Build where glibc is at most {baseline} "
-            "(a manylinux_2_28 image, ci/docker/), or promise less."
-        )
+    glibc = (
+        f"glibc {version[0]}.{version[1]} for {', '.join(needing[:5])}"
+        if version > promised
+        else "no glibc symbol above it"
+    )
+    others = ", ".join(
+        f"{library} {versions[-1]}"
+        for library, versions in sorted(versioned.items())
+        if versions and not versions[-1].startswith("GLIBC_")
+    )
+    raise UserError(
+        f"{wheel.name} is tagged {tag}, above the promised glibc {baseline}: {glibc}"
+        + (f"; newest of the other libraries: {others}" if others else "")
+        + f". Build where glibc is at most {baseline} (a manylinux_2_28 image, ci/docker/), "
+        "or promise less."
+    )

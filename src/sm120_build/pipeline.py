@@ -125,7 +125,12 @@ def build_flashinfer_python(layout: Layout, pins: Pins, final_dir: Path) -> Path
             f'__git_version__ = "{upstream.git_commit}"\n'
         )
 
-    return _python_wheel(layout, pins, upstream, {}, final_dir, stamp_version)
+    # FlashInfer 0.7's build backend pip-installs cuda-tile's compiler and builds the NIXL
+    # and NCCL expert-parallel backends when it builds a wheel, unless told not to (its
+    # own switches; 0.6 reads neither). The wheel is pure Python: nothing to install or
+    # build.
+    env = {"FLASHINFER_BUILD_NO_PIP": "1", "BUILD_NVEP": "0"}
+    return _python_wheel(layout, pins, upstream, env, final_dir, stamp_version)
 
 
 def build_sglang(layout: Layout, pins: Pins, final_dir: Path, platform: str) -> list[Path]:

@@ -18,6 +18,7 @@ import tempfile
 import time
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
@@ -108,10 +109,26 @@ def build_python_wheel(
     return wheels[0]
 
 
-def manylinux_tag(wheel: Path) -> str:
+# The NVIDIA driver: on every node that runs these kernels, so never vendored into a wheel
+# (as no manylinux policy lists it); a module that calls the driver links it
+# (jit_cache/driver_stub.py).
+DRIVER_LIBRARY = "libcuda.so.1"
+
+
+@dataclass(frozen=True)
+class PlatformAudit:
+    """What auditwheel finds a wheel's binaries need: the platform tag, and the newest
+    symbol version they ask of each versioned library (GLIBC_, GLIBCXX_, CXXABI_, GCC_)."""
+
+    tag: str
+    versioned_symbols: dict[str, list[str]]
+
+
+def platform_audit(wheel: Path) -> PlatformAudit:
     """The platform tag auditwheel's policy gives the wheel's binaries: the newest symbol
     versions they use of glibc, libstdc++ (GLIBCXX, CXXABI) and libgcc, and the libraries
-    they link, against the manylinux policies auditwheel ships."""
+    they link, against the manylinux policies auditwheel ships. A wheel that links only
+    the NVIDIA driver besides them keeps the tag its symbol versions give."""
     # auditwheel looks only at the files RECORD lists, and a composed wheel (shards merged,
     # a base wheel overlaid, cached modules added) still has its first part's RECORD: it
     # classifies a copy whose RECORD lists every file.
@@ -124,15 +141,26 @@ def manylinux_tag(wheel: Path) -> str:
             for name, data in files.items():
                 target.writestr(name, data)
         result = subprocess.run(
-            [sys.executable, "-m", "auditwheel", "show", str(complete)],
+            [sys.executable, "-m", "auditwheel", "show", "--json", str(complete)],
             capture_output=True,
             text=True,
         )
-    match = re.search(r'consistent with the following\s+platform tag:\s+"([^"]+)"', result.stdout)
-    if result.returncode != 0 or match is None:
+    try:
+        found = json.loads(result.stdout)
+        tag, external = str(found["overall_tag"]), set(found["external_libs"])
+        if tag.startswith("linux_") and external == {DRIVER_LIBRARY}:
+            tag = str(found["sym_tag"])
+        versioned = {str(lib): sorted(v) for lib, v in found["versioned_symbols"].items()}
+    except (ValueError, KeyError, TypeError):
         output = (result.stderr or result.stdout)[-2000:]
-        raise UserError(f"auditwheel could not classify {wheel.name}:\n{output}")
-    return match.group(1)
+        raise UserError(f"auditwheel could not classify {wheel.name}:\n{output}") from None
+    if result.returncode != 0:
+        raise UserError(f"auditwheel could not classify {wheel.name}:\n{result.stderr[-2000:]}")
+    return PlatformAudit(tag, versioned)
+
+
+def manylinux_tag(wheel: Path) -> str:
+    return platform_audit(wheel).tag
 
 
 def _record_hash(data: bytes) -> str:

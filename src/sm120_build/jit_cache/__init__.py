@@ -63,7 +63,15 @@ __all__ = [
 _HERE = Path(__file__).parent
 # The code that shapes each module's bytes (in every module-cache key), and the code that
 # shapes how parts are split and recorded (in a part's key only).
-_MODULE_CODE = ["arch.py", "sources.py", "render.py", "jit_specs.py", "cmake.py", "sccache.py"]
+_MODULE_CODE = [
+    "arch.py",
+    "sources.py",
+    "render.py",
+    "jit_specs.py",
+    "cmake.py",
+    "driver_stub.py",
+    "sccache.py",
+]
 _PART_CODE = ["__init__.py", "shards.py", "module_cache.py"]
 
 
@@ -123,6 +131,16 @@ def compile_part(
         cmake.host_compilers(),
         platform.python_version(),  # its headers are on every module's include path
         pins.build_requirements,
+        # The kernel project's build files shape every module; its Python package (the
+        # shim FlashInfer imports) and licences only the wheel, so they key the part.
+        files_digest(
+            [layout.kernel_project / name for name in ("CMakeLists.txt", "pyproject.toml")]
+        ),
+        files_digest([_HERE / name for name in _MODULE_CODE] + [_HERE.parent / "toolkit.py"]),
+    )
+    # Every shard of one build shares this key; the merge accepts only shards that agree.
+    build_key = digest(
+        inputs,
         files_digest(
             [
                 p
@@ -130,11 +148,6 @@ def compile_part(
                 if p.is_file() and "__pycache__" not in p.parts and p.name != "_build_meta.py"
             ]
         ),
-        files_digest([_HERE / name for name in _MODULE_CODE] + [_HERE.parent / "toolkit.py"]),
-    )
-    # Every shard of one build shares this key; the merge accepts only shards that agree.
-    build_key = digest(
-        inputs,
         json.dumps(request.recipes, sort_keys=True),
         files_digest([_HERE / name for name in _PART_CODE]),
         shard.count,
@@ -282,10 +295,11 @@ def assemble(
                 "modules": taken,
             }
             say(f"kept {len(taken)} module(s) of {base.name}; ours replace the rest")
-        platform_tag = wheels.manylinux_tag(wheel)
+        found = wheels.platform_audit(wheel)
+        platform_tag = found.tag
         say(glibc.describe(platform_tag, wheel))
         if glibc_baseline is not None:
-            glibc.check_baseline(wheel, glibc_baseline)
+            glibc.check_baseline(wheel, platform_tag, found.versioned_symbols, glibc_baseline)
         return wheels.finalize_wheel(
             wheel, final_dir, provenance, platform_tag, label_contents=True
         )

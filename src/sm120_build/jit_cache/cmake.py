@@ -27,6 +27,7 @@ from ..errors import UserError
 from ..toolkit import Toolkit
 from ..wheels import pip_wheel_command
 from .arch import Arch
+from .driver_stub import driver_stub
 from .render import Module
 from .sccache import Launcher
 
@@ -102,9 +103,9 @@ def add_license_texts(sources: Path, licenses: Path) -> None:
 
 
 # What FlashInfer's JIT links every module with, which CMake does its own way: a shared
-# library, cudart static (see CMakeLists.txt), and no libcuda (no module calls the driver
-# API directly; verify.py checks the .so files' undefined symbols).
-_JIT_LINK_DEFAULTS = ("-shared", "-lcudart", "-lcuda")
+# library, and cudart static (see CMakeLists.txt). -lcuda stays, against the driver stub
+# (driver_stub.py) and --as-needed: only a module that calls the driver needs libcuda.so.1.
+_JIT_LINK_DEFAULTS = ("-shared", "-lcudart")
 # tvm-ffi's own JIT (sglang's kernels) also links -ltvm_ffi from its package directory.
 # `import tvm_ffi` loads that library with RTLD_GLOBAL before any module loads (tvm_ffi/
 # __init__.py), which is how FlashInfer's modules, linked without it, find it; a NEEDED
@@ -134,8 +135,9 @@ def _split_includes(flags: list[str]) -> tuple[list[str], list[str], list[str]]:
     return includes, system, rest
 
 
-def modules_cmake(modules: list[Module], toolkit: Toolkit) -> str:
-    """The flashinfer_module() calls of kernel/CMakeLists.txt for `modules`."""
+def modules_cmake(modules: list[Module], toolkit: Toolkit, driver_stubs: Path) -> str:
+    """The flashinfer_module() calls of kernel/CMakeLists.txt for `modules`; the driver is
+    linked from `driver_stubs` (driver_stub.py), not the toolkit's stubs."""
     stubs = str(toolkit.home / "lib64" / "stubs")
     lines = ["# Rendered by sm120_build from the patched FlashInfer's JIT specs.", ""]
     for module in modules:
@@ -149,10 +151,12 @@ def modules_cmake(modules: list[Module], toolkit: Toolkit) -> str:
             if flag in (*_JIT_LINK_DEFAULTS, _TVM_FFI_LIBRARY, tvm_ffi_lib):
                 continue
             if flag.startswith("-L"):
-                if flag[2:] != stubs:
-                    link_dirs.append(flag[2:])
+                directory = str(driver_stubs) if flag[2:] == stubs else flag[2:]
+                if directory not in link_dirs:
+                    link_dirs.append(directory)
             elif flag.startswith("-l"):
-                libraries.append(flag[2:])
+                if flag[2:] not in libraries:
+                    libraries.append(flag[2:])
             else:
                 link_flags.append(flag)
         lines.append("flashinfer_module(")
@@ -243,7 +247,8 @@ def build_jit_cache_wheel(
     ignore = shutil.ignore_patterns("__pycache__", "_build_meta.py")
     shutil.copytree(kernel_project, project, ignore=ignore)
     (project / "flashinfer_jit_cache" / "_build_meta.py").write_text(f'__version__ = "{version}"\n')
-    (project / "modules.cmake").write_text(modules_cmake(modules, toolkit))
+    stubs = driver_stub(toolkit, scratch / "driver-stub")
+    (project / "modules.cmake").write_text(modules_cmake(modules, toolkit, stubs))
     add_license_texts(sources, project / "licenses")
     workspace = sources.parent / "workspace"
     prefix_maps = [

@@ -9,6 +9,7 @@ $TMPDIR, for that reason.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -57,14 +58,38 @@ def _private_directory(path: Path) -> None:
         )
 
 
-# FlashInfer's JIT finds its headers and sources under flashinfer/data/, which its build
-# backend links to the top-level directories (build_backend.py _create_data_dir).
-_DATA_LINKS = {
-    "cutlass": "3rdparty/cutlass",
-    "spdlog": "3rdparty/spdlog",
-    "csrc": "csrc",
-    "include": "include",
-}
+def data_links(tree: Path) -> dict[str, str]:
+    """flashinfer/data/<name> -> the directory it stands for: FlashInfer's JIT finds its
+    headers and sources under flashinfer/data/, which its build backend links to top-level
+    directories, one ln("<directory>", "<name>") each in _create_data_dir()
+    (build_backend.py). Read from that function, so a release that links more (0.7 adds
+    cccl) gets them."""
+    path = tree / "build_backend.py"
+    try:
+        module = ast.parse(path.read_text())
+    except (OSError, SyntaxError) as exc:
+        raise UserError(f"cannot read FlashInfer's {path.name}: {exc}") from None
+    links = {}
+    for node in ast.walk(module):
+        if isinstance(node, ast.FunctionDef) and node.name == "_create_data_dir":
+            for call in ast.walk(node):
+                if (
+                    isinstance(call, ast.Call)
+                    and isinstance(call.func, ast.Name)
+                    and call.func.id == "ln"
+                    and len(call.args) == 2
+                    and all(
+                        isinstance(a, ast.Constant) and isinstance(a.value, str) for a in call.args
+                    )
+                ):
+                    source, name = (str(a.value) for a in call.args)  # type: ignore[attr-defined]
+                    links[name] = source
+    if not links:
+        raise UserError(
+            f'{path} has no _create_data_dir() with ln("<directory>", "<name>") calls: '
+            "FlashInfer changed how it lays out flashinfer/data/; see jit_cache/sources.py"
+        )
+    return links
 
 
 @contextmanager
@@ -86,7 +111,7 @@ def at_fixed_path(tree: Path, inputs_digest: str) -> Iterator[Path]:
             if tree.name == "flashinfer":
                 data = sources / "flashinfer" / "data"
                 data.mkdir()
-                for name, target in _DATA_LINKS.items():
+                for name, target in data_links(sources).items():
                     (data / name).symlink_to(Path("..", "..", target), target_is_directory=True)
             yield sources
         finally:
