@@ -266,3 +266,89 @@ def test_an_unset_tvm_ffi_cache_and_path_are_left_unset(
     (seen,) = sys.modules["sglang.jit_kernel.probe"].seen
     assert seen["PATH"] == ""  # an unset PATH holds no nvcc
     assert seen["pdl"] is False  # no PDL before sm_90
+
+
+# FlashInfer 0.7's provider lookup (flashinfer/jit/env.py), as far as the check reads it:
+# the providers it accepted when it was imported, the warning it logs for one it ignored,
+# and its own arch arithmetic.
+JIT_ENV_07 = """
+import logging
+import os
+
+logger = logging.getLogger("flashinfer.jit")
+
+
+class Provider:
+    def __init__(self, distribution, version, archs):
+        self.distribution, self.version, self.cuda_architectures = distribution, version, archs
+
+
+FLASHINFER_AOT_PROVIDERS = ()
+if os.environ["FAKE_PROVIDER"] == "ignored":
+    logger.warning(
+        "Ignoring incompatible flashinfer-jit-cache package (kernels will be JIT-compiled "
+        "instead): flashinfer-jit-cache version (0.7.3) does not match flashinfer version"
+    )
+elif os.environ["FAKE_PROVIDER"] != "absent":
+    FLASHINFER_AOT_PROVIDERS = (
+        Provider("flashinfer-jit-cache", "0.7.2+x", frozenset(os.environ["FAKE_PROVIDER"].split())),
+    )
+
+
+def _target_cuda_architectures():
+    major, minor = os.environ["FLASHINFER_CUDA_ARCH_LIST"].rstrip("af").split(".")
+    return frozenset({f"sm{major}{minor}a"})
+
+
+def _provider_target_compatibility_score(archs, target):
+    return (1, 0) if any(a.rstrip("af") == target.rstrip("af") for a in archs) else None
+"""
+
+
+@pytest.mark.parametrize(
+    ("provider", "problem"),
+    [
+        ("sm120f", None),
+        (
+            "ignored",
+            "FlashInfer ignored a prebuilt-kernel package and would JIT-compile instead: "
+            "Ignoring incompatible flashinfer-jit-cache package (kernels will be JIT-compiled "
+            "instead): flashinfer-jit-cache version (0.7.3) does not match flashinfer version",
+        ),
+        (
+            "absent",
+            "FlashInfer accepted no provider from flashinfer-jit-cache: every module would be "
+            "JIT-compiled",
+        ),
+        (
+            "sm90a sm100a",
+            "flashinfer-jit-cache 0.7.2+x provides code for sm100a, sm90a, which FlashInfer "
+            "does not run on sm120a: every module would be JIT-compiled",
+        ),
+    ],
+)
+def test_flashinfer_07s_silent_fallback_fails_the_check_by_name(
+    site: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    provider: str,
+    problem: str | None,
+) -> None:
+    """FlashInfer 0.7 ignores a mismatched shim or provider, and one whose archs do not
+    cover the GPU, with a warning in the log, then JIT-compiles: the check must not pass."""
+    write_tree(
+        site,
+        {
+            "flashinfer/__init__.py": "",
+            "flashinfer/jit/__init__.py": "",
+            "flashinfer/jit/core.py": JIT_CORE,
+            "flashinfer/jit/env.py": JIT_ENV_07,
+            "flashinfer/generators.py": GENERATORS,
+        },
+    )
+    monkeypatch.setenv("FAKE_PROVIDER", provider)
+    node(site, {"comm": "flashinfer.generators:gen_module('trtllm_comm')"})
+    status, _, report = run(tmp_path, capsys, "--arch", "12.0")
+    assert report["problems"] == ([problem] if problem else [])
+    assert status == (1 if problem else 0)

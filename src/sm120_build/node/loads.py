@@ -5,6 +5,8 @@ cache). Each outcome is a result row, each failure a problem naming the module."
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 import tempfile
 import time
@@ -13,6 +15,63 @@ from typing import Any
 
 from .. import sglang_kernels
 from ..profiles import specs_of
+
+JIT_CACHE = "flashinfer-jit-cache"
+
+
+class _Recorded(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def provider_problems() -> list[str]:
+    """FlashInfer 0.7 takes prebuilt modules only from providers it accepts, and falls back
+    to JIT-compiling with no more than a warning in the log when it ignores one (a version
+    mismatch) or when no provider's archs cover the GPU. Each such case is a problem here,
+    named. FlashInfer 0.6 has no providers: nothing to say (its modules are checked one by
+    one). Call after FLASHINFER_CUDA_ARCH_LIST is set: FlashInfer reads the target from it
+    when it is first imported."""
+    recorded = _Recorded()
+    logger = logging.getLogger("flashinfer.jit")
+    logger.addHandler(recorded)
+    try:
+        env = importlib.import_module("flashinfer.jit.env")
+    except ModuleNotFoundError:
+        return []  # no FlashInfer here: each module says so
+    finally:
+        logger.removeHandler(recorded)
+    providers = getattr(env, "FLASHINFER_AOT_PROVIDERS", None)
+    if providers is None:
+        return []
+    problems = [
+        f"FlashInfer ignored a prebuilt-kernel package and would JIT-compile instead: {message}"
+        for message in recorded.messages
+        if message.startswith("Ignoring incompatible")
+    ]
+    ours = [provider for provider in providers if provider.distribution == JIT_CACHE]
+    if not ours and not problems:
+        problems.append(
+            f"FlashInfer accepted no provider from {JIT_CACHE}: every module would be JIT-compiled"
+        )
+    targets = sorted(env._target_cuda_architectures())
+    for provider in ours:
+        uncovered = [
+            target
+            for target in targets
+            if env._provider_target_compatibility_score(provider.cuda_architectures, target) is None
+        ]
+        if uncovered:
+            archs = ", ".join(sorted(provider.cuda_architectures)) or "none"
+            problems.append(
+                f"{provider.distribution} {provider.version} provides code for {archs}, which "
+                f"FlashInfer does not run on {', '.join(uncovered)}: every module would be "
+                "JIT-compiled"
+            )
+    return problems
 
 
 def check_sglang_kernel(recipe: str, call: str, major: int) -> tuple[dict[str, Any], list[str]]:
@@ -57,7 +116,7 @@ def _has_nvcc(directory: str) -> bool:
 def check(recipes: dict[str, str], major: int) -> tuple[list[dict[str, Any]], list[str]]:
     """Load every module the recipes name; return (per-module results, problems)."""
     results: list[dict[str, Any]] = []
-    problems: list[str] = []
+    problems: list[str] = provider_problems()
     for recipe, call in recipes.items():
         if sglang_kernels.is_sglang_call(call):
             kernel, found = check_sglang_kernel(recipe, call, major)
