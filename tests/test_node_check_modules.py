@@ -103,6 +103,9 @@ def test_every_flashinfer_module_is_loaded_and_each_failure_named(
         "slow": "flashinfer.generators:[JitSpec('slow', seconds=0.05)]",
         "not_built": "flashinfer.generators:JitSpec('not_built', is_aot=False)",
         "broken": "flashinfer.generators:JitSpec('broken', error='undefined symbol: x')",
+        # A module that links the driver, checked for --arch where there is no driver.
+        "driver": "flashinfer.generators:JitSpec('driver', error='libcuda.so.1: cannot open "
+        "shared object file: No such file or directory')",
         "sm12x": "flashinfer.generators:only_sm12x()",
         "cutlass": "flashinfer.generators:needs_cutlass()",
         "more": "flashinfer.generators:gen_module('d', 'e', 'f')",
@@ -116,7 +119,7 @@ def test_every_flashinfer_module_is_loaded_and_each_failure_named(
         "sm12x: FlashInfer does not make it for this GPU (SM12x only)",
         "cutlass: the Python package 'cutlass_dsl_missing' is not installed here, which "
         "FlashInfer needs for it: install it (pip install cutlass_dsl_missing), or the whole "
-        "environment sglang 0.5.9 needs",
+        "environment the pinned sglang needs",
     ]
     modules = {(m["module"], m["recipe"]): m for m in report["modules"]}
     assert list(modules) == [
@@ -126,6 +129,7 @@ def test_every_flashinfer_module_is_loaded_and_each_failure_named(
         ("slow", "slow"),
         ("not_built", "not_built"),
         ("broken", "broken"),
+        ("driver", "driver"),
         (None, "sm12x"),
         (None, "cutlass"),
         ("d", "more"),
@@ -134,16 +138,23 @@ def test_every_flashinfer_module_is_loaded_and_each_failure_named(
     ]
     loaded = [name for (name, _), m in modules.items() if m["loaded"]]
     assert loaded == ["a", "b", "c", "slow", "d", "e", "f"]
-    assert all(m["aot"] == (m["module"] in [*loaded, "broken"]) for m in report["modules"])
+    assert all(
+        m["aot"] == (m["module"] in [*loaded, "broken", "driver"]) for m in report["modules"]
+    )
+    assert [m["module"] for m in report["modules"] if m.get("needs_driver")] == ["driver"]
     # A load is timed, failed or not; a module that was never loaded has no time.
     timed = [name for (name, _), m in modules.items() if "load_seconds" in m]
-    assert timed == [*loaded[:4], "broken", *loaded[4:]]
+    assert timed == [*loaded[:4], "broken", "driver", *loaded[4:]]
     assert modules["slow", "slow"]["load_seconds"] >= 0.05
     assert report["jit_compiles"] == 1  # not_built; the two recipes without a module do not count
     summary = next(line for line in output.splitlines() if "modules of" in line)
     assert summary.startswith(
-        "  7 of 11 modules of 8 recipes loaded prebuilt, 4 did not (1 would JIT-compile); "
+        "  7 of 12 modules of 9 recipes loaded prebuilt, 5 did not (1 would JIT-compile); "
     )
+    assert (
+        "  driver: prebuilt, and FlashInfer takes it; not loaded here, for it links the NVIDIA "
+        "driver (libcuda.so.1), which this machine has not"
+    ) in output.splitlines()
     total, slowest = summary.split("JIT-compile); ")[1].split(" s; slowest: ")
     assert 0.05 <= float(total) < 60
     assert re.fullmatch(r"slow 0\.\d{3} s(, [a-f] 0\.\d{3} s){4}", slowest)

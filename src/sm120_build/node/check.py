@@ -257,6 +257,7 @@ def _load_modules(recipes: dict[str, str], major: int) -> tuple[list[dict[str, A
     total = time.perf_counter() - started
     jit = sum(1 for r in results if not r["aot"] and r["module"] is not None)
     loaded = [r for r in results if r["loaded"]]
+    driver = [str(r["module"]) for r in results if r.get("needs_driver")]
     slowest = sorted(loaded, key=lambda r: -float(r["load_seconds"]))[:5]
     print(
         f"  {len(loaded)} of {len(results)} modules of {len(recipes)} recipes loaded "
@@ -264,6 +265,11 @@ def _load_modules(recipes: dict[str, str], major: int) -> tuple[list[dict[str, A
         f"{total:.2f} s; slowest: "
         + ", ".join(f"{r['module']} {r['load_seconds']:.3f} s" for r in slowest)
     )
+    if driver:
+        print(
+            f"  {', '.join(driver)}: prebuilt, and FlashInfer takes it; not loaded here, for "
+            "it links the NVIDIA driver (libcuda.so.1), which this machine has not"
+        )
     return results, problems
 
 
