@@ -3,8 +3,10 @@ coverage, the node check's rules and the base-wheel overlay, on small generated 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -347,3 +349,23 @@ def test_the_driver_stub_holds_the_link_names_of_cuda_h(tmp_path: Path) -> None:
     stub = driver_stub(toolkit, tmp_path / "stub") / "libcuda.so"
     dynamic = subprocess.run(["readelf", "-d", str(stub)], capture_output=True, text=True).stdout
     assert "Library soname: [libcuda.so.1]" in dynamic
+
+
+def test_a_long_silent_compile_says_it_is_still_at_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ninja prints a unit's line when it ends: the first [1/4] came minutes after the
+    compile began, with nothing before it."""
+    from sm120_build.jit_cache import cmake
+
+    monkeypatch.setattr(cmake, "HEARTBEAT", 0.4)
+    command = [
+        sys.executable,
+        "-c",
+        "import time; time.sleep(1.3); print('[1/1] Building CUDA object x.o', flush=True)",
+    ]
+    assert cmake._run_showing_progress(command, dict(os.environ), tmp_path / "log") == 0
+    err = capsys.readouterr().err
+    assert re.search(r"sm120-build: still compiling, \d+ s so far\n", err)
+    assert err.endswith("[1/1] Building CUDA object x.o\n")
+    assert (tmp_path / "log").read_text() == "[1/1] Building CUDA object x.o\n"

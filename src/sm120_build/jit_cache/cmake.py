@@ -17,6 +17,8 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,20 +312,45 @@ def build_jit_cache_wheel(
 _PROGRESS = re.compile(r"^\s*\[\d+/\d+\] ")
 
 
+HEARTBEAT = 60.0  # seconds of silence before the build says it is still at work
+
+
 def _run_showing_progress(command: list[str], env: dict[str, str], log: Path) -> int:
     """Run the wheel build, keeping all of its output in `log`: shown whole with --verbose,
     else only ninja's [n/N] progress lines (CMake's compiler detection and the install
-    listing are noise unless something fails)."""
-    with log.open("w") as kept:
-        process = subprocess.Popen(
-            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        assert process.stdout is not None
-        for line in process.stdout:
-            kept.write(line)
-            if console.verbose or _PROGRESS.match(line):
-                print(line, end="", file=sys.stderr, flush=True)
-        return process.wait()
+    listing are noise unless something fails). ninja prints a unit's line when the unit
+    ends, minutes after it began: after HEARTBEAT seconds without a line, the build says
+    how long it has been at work."""
+    started = time.monotonic()
+    last = [started]
+    finished = threading.Event()
+
+    def heartbeat() -> None:
+        while not finished.wait(HEARTBEAT / 4):
+            now = time.monotonic()
+            if now - last[0] >= HEARTBEAT:
+                console.say(f"still compiling, {now - started:.0f} s so far")
+                last[0] = now
+
+    thread = threading.Thread(target=heartbeat, daemon=True)
+    thread.start()
+    try:
+        with (
+            log.open("w") as kept,
+            subprocess.Popen(
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            ) as process,
+        ):
+            assert process.stdout is not None
+            for line in process.stdout:
+                kept.write(line)
+                if console.verbose or _PROGRESS.match(line):
+                    print(line, end="", file=sys.stderr, flush=True)
+                    last[0] = time.monotonic()
+            return process.wait()
+    finally:
+        finished.set()
+        thread.join()
 
 
 def _compile_seconds(build_dir: Path) -> dict[str, float]:
