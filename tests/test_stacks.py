@@ -1,0 +1,69 @@
+"""Stacks: the default one at the top of the checkout, others in stacks/<name>/, each named
+after its sglang release and chosen with --stack."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sm120_build.errors import UserError
+from sm120_build.layout import Layout, stacks
+from sm120_build.pins import load as load_pins
+
+from .conftest import REPO
+
+
+def sm120_build(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sm120_build", *args],
+        cwd=root,
+        env=dict(os.environ, SM120_CACHE_DIR=str(root / ".cache")),
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_the_checkouts_stacks_are_named_after_their_sglang() -> None:
+    found = stacks(REPO)
+    assert next(iter(found)) == "sglang-0.5.9" and found["sglang-0.5.9"] is None
+    assert found["sglang-0.5.23"] == REPO / "stacks" / "sglang-0.5.23"
+    current = load_pins(REPO / "stacks" / "sglang-0.5.23" / "pins.toml")
+    assert current.upstream("sglang").version == "0.5.23"
+    assert current.upstream("flashinfer").version == "0.7.2"
+
+
+@pytest.mark.parametrize("args", [["--stack"], ["--stack", "sglang-9.9"]])
+def test_a_missing_or_unknown_stack_lists_the_stacks(args: list[str]) -> None:
+    result = sm120_build(REPO, "shard-matrix", "--shards", "1", *args)
+    assert result.returncode == 1
+    assert "the stacks of this checkout are sglang-0.5.9 (default), sglang-0.5.23" in (
+        result.stderr
+    )
+
+
+def test_a_stack_lays_out_its_own_files(tmp_path: Path) -> None:
+    layout = Layout.from_root(REPO, "sglang-0.5.23")
+    stack = REPO / "stacks" / "sglang-0.5.23"
+    assert (layout.pins_file, layout.patches, layout.vendor, layout.wheelhouse) == (
+        stack / "pins.toml",
+        stack / "patches",
+        stack / "vendor",
+        stack / "wheelhouse",
+    )
+    assert layout.kernel_project == REPO / "kernel"  # shared
+    assert Layout.from_root(REPO).pins_file == REPO / "pins.toml"  # the default, as ever
+
+
+def test_a_stack_directory_that_pins_another_sglang_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "checkout"
+    root.mkdir()
+    shutil.copy(REPO / "pins.toml", root)
+    (root / "stacks" / "sglang-0.5.99").mkdir(parents=True)
+    shutil.copy(REPO / "pins.toml", root / "stacks" / "sglang-0.5.99")
+    with pytest.raises(UserError, match=r"pins another sglang than sglang-0\.5\.99"):
+        Layout.from_root(root, "sglang-0.5.99")
