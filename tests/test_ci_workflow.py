@@ -106,3 +106,33 @@ def test_publish_waits_for_verify_which_waits_for_the_merge_of_all_shards() -> N
     steps = dict(run_steps(path))
     assert "build_shard" in steps["build"] and "merge_shards" in steps["merge"]
     assert "verify_gpu" in steps["verify"] and "publish" in steps["publish"]
+
+
+def github_expression(expression: str, context: dict[str, Any]) -> Any:
+    """A GitHub Actions expression of the forms release.yml uses (==, &&, ||, parentheses,
+    startsWith, dotted names), evaluated as GitHub does for these operand types."""
+    python = expression.replace("&&", " and ").replace("||", " or ")
+    python = re.sub(r"startsWith\(([^,]+), ([^)]+)\)", r"str(\1).startswith(\2)", python)
+    names = {name.replace(".", "__"): value for name, value in context.items()}
+    python = re.sub(r"\b([a-z_]+)\.([a-z_]+)\b", r"\1__\2", python)
+    return eval(python, {}, names)
+
+
+@pytest.mark.parametrize(
+    ("event", "ref", "publish", "expected"),
+    [
+        ("workflow_dispatch", "refs/tags/v1.0", False, False),  # it published anyway
+        ("workflow_dispatch", "refs/tags/v1.0", True, True),
+        ("workflow_dispatch", "refs/heads/main", False, False),
+        ("push", "refs/tags/v1.0", None, True),
+    ],
+)
+def test_a_manual_run_publishes_only_when_asked(
+    event: str, ref: str, publish: bool | None, expected: bool
+) -> None:
+    legs = jobs(REPO / "ci" / "github" / "workflows" / "release.yml")
+    context = {"github.event_name": event, "github.ref": ref, "inputs.publish": publish}
+    for leg in legs.values():
+        value = leg["with"]["publish"]
+        assert value.startswith("${{ ") and value.endswith(" }}")
+        assert bool(github_expression(value[4:-3], context)) is expected

@@ -179,5 +179,51 @@ def test_the_compile_step_never_sees_flags_that_would_change_its_bytes() -> None
 
 def test_compile_jobs_fit_the_memory() -> None:
     assert compile_jobs(16, 16 * MEMORY_PER_JOB) == 16
-    assert compile_jobs(4, 16 << 30) == 2  # a stock 16 GB runner: two CUTLASS units at once
+    assert compile_jobs(4, 16 << 30) == 2  # 16 GiB available: two CUTLASS units at once
+    assert compile_jobs(4, (16 << 30) - 1) == 1  # a 16 GB runner has less available: one
     assert compile_jobs(8, 1 << 30) == 1
+
+
+# What reached the render child or the compiler from the shell, with no cache key that saw
+# it: each changes what FlashInfer renders or what gcc compiles.
+SHELL = {
+    "PATH": "/usr/bin",
+    "HOME": "/root",
+    "SCHEDULING_MODE": "1",
+    "GENERATE_CU_TRTLLM": "true",
+    "NVSHMEM_HOME": "/opt/nvshmem",
+    "NVSHMEM_DIR": "/opt/nvshmem",
+    "FLASHINFER_EXTRA_CUDAFLAGS": "-G",
+    "TVM_FFI_CUDA_ARCH_LIST": "8.0",
+    "CPATH": "/evil/include",
+    "C_INCLUDE_PATH": "/evil/include",
+    "CPLUS_INCLUDE_PATH": "/evil/include",
+    "LIBRARY_PATH": "/evil/lib",
+    "GCC_EXEC_PREFIX": "/evil/gcc",
+    "COMPILER_PATH": "/evil/bin",
+}
+
+
+@pytest.mark.parametrize("name", sorted(set(SHELL) - {"PATH", "HOME"}))
+def test_the_render_child_sees_none_of_the_shells_build_variables(name: str) -> None:
+    from sm120_build.jit_cache.arch import Arch
+    from sm120_build.jit_cache.render import render_environment
+
+    env = render_environment(SHELL, Path("/tmp/src/flashinfer"), [Arch.parse("12.0f")], CUDA)
+    assert (env["PATH"], env["HOME"]) == ("/usr/bin", "/root")
+    assert env.get(name) != SHELL[name], name
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "CPATH",
+        "C_INCLUDE_PATH",
+        "CPLUS_INCLUDE_PATH",
+        "LIBRARY_PATH",
+        "GCC_EXEC_PREFIX",
+        "COMPILER_PATH",
+    ],
+)
+def test_the_compiler_sees_none_of_gccs_search_path_variables(name: str) -> None:
+    assert name not in compile_environment(SHELL, CUDA)

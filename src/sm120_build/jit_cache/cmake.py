@@ -195,6 +195,18 @@ _SCRUBBED = (
     "NVCC_APPEND_FLAGS",
     "NVCC_PREPEND_FLAGS",
     "NVCC_CCBIN",
+    # What gcc itself reads from the environment (gcc's manual, "Environment Variables"):
+    # header and library search paths, and where it finds its own parts.
+    "CPATH",
+    "C_INCLUDE_PATH",
+    "CPLUS_INCLUDE_PATH",
+    "OBJC_INCLUDE_PATH",
+    "LIBRARY_PATH",
+    "GCC_EXEC_PREFIX",
+    "COMPILER_PATH",
+    "LD_RUN_PATH",
+    "DEPENDENCIES_OUTPUT",
+    "SUNPRO_DEPENDENCIES",
 )
 _SCRUBBED_PREFIXES = ("CMAKE_", "SKBUILD_")
 # Compile jobs at once: FlashInfer's build budgets 8 GB per nvcc job (the CUTLASS units of

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,10 @@ from ..console import step
 from ..errors import UserError
 from ..toolkit import Toolkit
 from .arch import Arch, check_modules_cover_archs
+
+# What the render child takes from the shell: where programs and temporary files are, and
+# the locale. Everything else it runs with is set below.
+RENDER_ENVIRONMENT = frozenset({"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "LC_CTYPE"})
 
 
 @dataclass(frozen=True)
@@ -40,23 +45,18 @@ class Module:
         return [flag for flag in self.cuda_flags if flag.startswith("-gencode=")]
 
 
-def render_modules(
+def render_environment(
+    shell: Mapping[str, str],
     sources: Path,
-    recipes: dict[str, str],
     archs: list[Arch],
     toolkit: Toolkit,
     sglang: Path | None = None,
-) -> list[Module]:
-    """Ask the patched FlashInfer in `sources` (and, for sglang's own kernels, the patched
-    sglang in `sglang`) what each recipe's modules consist of."""
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        # FlashInfer adds these to every module; a build must not depend on the shell's.
-        # So do tvm-ffi's for sglang's kernels.
-        if not name.startswith(("FLASHINFER_", "CUDA_", "TVM_FFI_"))
-        and name not in ("CC", "CXX", "PYTHONPATH", "MAX_JOBS")
-    }
+) -> dict[str, str]:
+    """The render child's environment: of the shell's, only RENDER_ENVIRONMENT. FlashInfer's
+    generators read variables of their own (FLASHINFER_*, CUDA_*, SCHEDULING_MODE,
+    GENERATE_CU_TRTLLM, NVSHMEM_*, ...), and so does tvm-ffi for sglang's kernels, none of
+    them in a cache key: what they see is set here."""
+    env = {name: value for name, value in shell.items() if name in RENDER_ENVIRONMENT}
     # sglang's load_jit sets TVM_FFI_CUDA_ARCH_LIST to the GPU's major.minor (utils.py
     # _get_cuda_arch_list): plain sm_XY machine code, which runs on that major's later minors.
     plain = dict.fromkeys(f"{arch.major}.{arch.minor}" for arch in archs)
@@ -73,6 +73,19 @@ def render_modules(
         CUDA_HOME=str(toolkit.home),
         PYTHONHASHSEED="0",  # FlashInfer keeps its arch list in a set: fix the order
     )
+    return env
+
+
+def render_modules(
+    sources: Path,
+    recipes: dict[str, str],
+    archs: list[Arch],
+    toolkit: Toolkit,
+    sglang: Path | None = None,
+) -> list[Module]:
+    """Ask the patched FlashInfer in `sources` (and, for sglang's own kernels, the patched
+    sglang in `sglang`) what each recipe's modules consist of."""
+    env = render_environment(os.environ, sources, archs, toolkit, sglang)
     with step(f"rendering {len(recipes)} module recipe(s) with the patched FlashInfer"):
         result = subprocess.run(
             [sys.executable, "-m", "sm120_build.jit_cache.jit_specs"],
