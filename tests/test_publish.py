@@ -369,13 +369,24 @@ def test_a_url_that_is_not_http_is_refused_by_its_option(
 def test_a_wheel_twine_check_rejects_stops_the_run_with_twines_words(
     tmp_path: Path, index: Any
 ) -> None:
+    """Whatever the terminal's width and the path's length: twine's console cut long paths
+    at the terminal's width, and with them the wheel's name."""
     broken_rst = ("text/x-rst", ".. broken:: directive\n\n`unclosed\n")  # does not render
-    wheel = small_wheel(tmp_path, "delta_pkg", "1.0", description=broken_rst)
-    root = wheelhouse_project(tmp_path / "project", [wheel])
-    result = publish(root, "--repository-url", index.upload, "--index-url", index.simple)
+    deep = tmp_path / ("a-rather-long-directory-name-" * 6)
+    deep.mkdir()
+    wheel = small_wheel(deep, "delta_pkg", "1.0", description=broken_rst)
+    root = wheelhouse_project(deep / "project", [wheel])
+    os.environ["COLUMNS"] = "40"
+    try:
+        result = publish(root, "--repository-url", index.upload, "--index-url", index.simple)
+    finally:
+        del os.environ["COLUMNS"]
     assert result.returncode == 1
-    assert "error: twine check failed:\n" in result.stderr
-    assert "delta_pkg-1.0-py3-none-any.whl" in result.stderr and "FAILED" in result.stderr
+    assert result.stderr.startswith(
+        "error: twine check failed for delta_pkg-1.0-py3-none-any.whl; nothing was uploaded. "
+        "twine said:\n"
+    )
+    assert f"{root / 'wheelhouse' / 'delta_pkg-1.0-py3-none-any.whl'}: FAILED" in result.stderr
     assert list(index.packages.iterdir()) == []
 
 

@@ -245,3 +245,16 @@ def test_a_shard_that_built_another_share_or_holds_two_wheels_is_refused(tmp_pat
     assert str(caught.value) == (
         f"{shards_dir / '1-of-1'} should hold one wheel, not 2: build it again"
     )
+
+
+def test_a_repeated_shard_is_named_as_such(tmp_path: Path) -> None:
+    """A second copy of shard 2 (a download named otherwise) was refused with "none of 2
+    are missing (found 1, 2, 2)", which contradicts itself."""
+    shards_dir = write_set(tmp_path, [["a"], ["b"]])
+    shutil.copytree(shards_dir / "2-of-2", shards_dir / "2-of-2-again")
+    with pytest.raises(UserError) as caught:
+        read_shards(shards_dir)
+    assert str(caught.value) == (
+        f"{shards_dir}: shard 2 of 2 is there twice (2-of-2, 2-of-2-again); keep one copy of "
+        "each shard, then merge"
+    )

@@ -144,9 +144,20 @@ def served_files(reader: Reader, index_url: str, project: str) -> dict[str, str]
 
 
 def _twine(*args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "twine", *args], capture_output=True, text=True, timeout=timeout
+    # twine writes through rich, which wraps and cuts lines at the terminal's width (COLUMNS,
+    # else 80 when not a terminal): a long path lost the wheel's name. Wide enough for any,
+    # without colour; rich pads some lines to that width, so trailing blanks go.
+    env = dict(os.environ, COLUMNS="10000")
+    result = subprocess.run(
+        [sys.executable, "-m", "twine", "--no-color", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
+    result.stdout = "\n".join(line.rstrip() for line in result.stdout.splitlines())
+    result.stderr = "\n".join(line.rstrip() for line in result.stderr.splitlines())
+    return result
 
 
 def _upload_failure(output: str) -> str:
@@ -185,7 +196,12 @@ def publish(
     wheels = _with(ours + companion_wheels(wheelhouse, ours, cache), closure or [])
     check = _twine("check", *(str(w.path) for w in wheels))
     if check.returncode != 0:
-        raise UserError(f"twine check failed:\n{check.stdout}{check.stderr}")
+        output = check.stdout + check.stderr
+        failed = [Path(name).name for name in re.findall(r"^Checking (.+?): FAILED", output, re.M)]
+        raise UserError(
+            f"twine check failed for {', '.join(failed) or 'a wheel'}; nothing was "
+            f"uploaded. twine said:\n{output}"
+        )
 
     target = (
         ["--repository-url", repository_url]

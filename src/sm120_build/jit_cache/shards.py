@@ -219,6 +219,21 @@ def read_shards(shards_dir: Path) -> list[Part]:
         )
     count = builds[0].record["count"]
     indices = sorted(b.record["index"] for b in builds)
+    repeated = sorted({index for index in indices if indices.count(index) > 1})
+    if repeated:
+        copies = [
+            f"shard {index} of {count} is there twice ("
+            + ", ".join(
+                str(d.relative_to(shards_dir))
+                for d, b in zip(found, builds, strict=True)
+                if b.record["index"] == index
+            )
+            + ")"
+            for index in repeated
+        ]
+        raise UserError(
+            f"{shards_dir}: {'; '.join(copies)}; keep one copy of each shard, then merge"
+        )
     if indices != list(range(1, count + 1)):
         missing = sorted(set(range(1, count + 1)) - set(indices))
         raise UserError(
