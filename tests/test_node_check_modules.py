@@ -27,14 +27,21 @@ pytest.importorskip("torch", reason="the node check needs torch (nox -s tests in
 
 # The stand-in for FlashInfer's JitSpec: the attributes and the method the check uses.
 JIT_CORE = """
+import logging
 import time
 
+# FlashInfer 0.7's JIT logger is a logger of its own, not one logging.getLogger gives.
+logger = logging.Logger("flashinfer.jit")
+
 class JitSpec:
-    def __init__(self, name, is_aot=True, error=None, seconds=0.0):
+    def __init__(self, name, is_aot=True, error=None, seconds=0.0, warning=None):
         self.name, self.is_aot, self.error, self.seconds = name, is_aot, error, seconds
+        self.warning = warning
 
     def build_and_load(self):
         time.sleep(self.seconds)
+        if self.warning:
+            logger.warning(self.warning)
         if self.error:
             raise RuntimeError(self.error)
         return object()
@@ -103,9 +110,14 @@ def test_every_flashinfer_module_is_loaded_and_each_failure_named(
         "slow": "flashinfer.generators:[JitSpec('slow', seconds=0.05)]",
         "not_built": "flashinfer.generators:JitSpec('not_built', is_aot=False)",
         "broken": "flashinfer.generators:JitSpec('broken', error='undefined symbol: x')",
-        # A module that links the driver, checked for --arch where there is no driver.
-        "driver": "flashinfer.generators:JitSpec('driver', error='libcuda.so.1: cannot open "
-        "shared object file: No such file or directory')",
+        # A module that links the driver, checked for --arch where there is no driver:
+        # FlashInfer 0.7 says why in a warning, then fails for want of JIT.
+        "driver": "flashinfer.generators:JitSpec('driver', error='JIT compilation is "
+        "disabled', warning='Failed to load AOT artifact /x/driver.so: libcuda.so.1: cannot "
+        "open shared object file')",
+        "unloadable": "flashinfer.generators:JitSpec('unloadable', error='JIT compilation is "
+        "disabled', warning='Failed to load AOT artifact /x/unloadable.so: undefined symbol: "
+        "y. Trying another provider or falling back to JIT build.')",
         "sm12x": "flashinfer.generators:only_sm12x()",
         "cutlass": "flashinfer.generators:needs_cutlass()",
         "more": "flashinfer.generators:gen_module('d', 'e', 'f')",
@@ -116,6 +128,8 @@ def test_every_flashinfer_module_is_loaded_and_each_failure_named(
     assert report["problems"] == [
         "not_built (not_built) would be JIT-compiled: no prebuilt .so",
         "broken (broken) does not load: undefined symbol: x",
+        "unloadable (unloadable) does not load: Failed to load AOT artifact /x/unloadable.so: "
+        "undefined symbol: y. Trying another provider or falling back to JIT build.",
         "sm12x: FlashInfer does not make it for this GPU (SM12x only)",
         "cutlass: the Python package 'cutlass_dsl_missing' is not installed here, which "
         "FlashInfer needs for it: install it (pip install cutlass_dsl_missing), or the whole "
@@ -130,6 +144,7 @@ def test_every_flashinfer_module_is_loaded_and_each_failure_named(
         ("not_built", "not_built"),
         ("broken", "broken"),
         ("driver", "driver"),
+        ("unloadable", "unloadable"),
         (None, "sm12x"),
         (None, "cutlass"),
         ("d", "more"),
@@ -139,17 +154,18 @@ def test_every_flashinfer_module_is_loaded_and_each_failure_named(
     loaded = [name for (name, _), m in modules.items() if m["loaded"]]
     assert loaded == ["a", "b", "c", "slow", "d", "e", "f"]
     assert all(
-        m["aot"] == (m["module"] in [*loaded, "broken", "driver"]) for m in report["modules"]
+        m["aot"] == (m["module"] in [*loaded, "broken", "driver", "unloadable"])
+        for m in report["modules"]
     )
     assert [m["module"] for m in report["modules"] if m.get("needs_driver")] == ["driver"]
     # A load is timed, failed or not; a module that was never loaded has no time.
     timed = [name for (name, _), m in modules.items() if "load_seconds" in m]
-    assert timed == [*loaded[:4], "broken", "driver", *loaded[4:]]
+    assert timed == [*loaded[:4], "broken", "driver", "unloadable", *loaded[4:]]
     assert modules["slow", "slow"]["load_seconds"] >= 0.05
     assert report["jit_compiles"] == 1  # not_built; the two recipes without a module do not count
     summary = next(line for line in output.splitlines() if "modules of" in line)
     assert summary.startswith(
-        "  7 of 12 modules of 9 recipes loaded prebuilt, 5 did not (1 would JIT-compile); "
+        "  7 of 13 modules of 10 recipes loaded prebuilt, 6 did not (1 would JIT-compile); "
     )
     assert (
         "  driver: prebuilt, and FlashInfer takes it; not loaded here, for it links the NVIDIA "

@@ -9,8 +9,11 @@ import ctypes
 import importlib
 import logging
 import os
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,24 @@ class _Recorded(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+@contextmanager
+def flashinfer_warnings() -> Iterator[list[str]]:
+    """The warnings FlashInfer logs meanwhile: its JIT logger is a logger of its own
+    (flashinfer/jit/core.py), beside the one logging.getLogger("flashinfer.jit") gives."""
+    recorded = _Recorded()
+    loggers = [logging.getLogger("flashinfer.jit")]
+    core = sys.modules.get("flashinfer.jit.core")
+    if isinstance(getattr(core, "logger", None), logging.Logger):
+        loggers.append(core.logger)  # type: ignore[union-attr]
+    for logger in loggers:
+        logger.addHandler(recorded)
+    try:
+        yield recorded.messages
+    finally:
+        for logger in loggers:
+            logger.removeHandler(recorded)
+
+
 def provider_problems() -> list[str]:
     """FlashInfer 0.7 takes prebuilt modules only from providers it accepts, and falls back
     to JIT-compiling with no more than a warning in the log when it ignores one (a version
@@ -46,21 +67,17 @@ def provider_problems() -> list[str]:
     named. FlashInfer 0.6 has no providers: nothing to say (its modules are checked one by
     one). Call after FLASHINFER_CUDA_ARCH_LIST is set: FlashInfer reads the target from it
     when it is first imported."""
-    recorded = _Recorded()
-    logger = logging.getLogger("flashinfer.jit")
-    logger.addHandler(recorded)
-    try:
-        env = importlib.import_module("flashinfer.jit.env")
-    except ModuleNotFoundError:
-        return []  # no FlashInfer here: each module says so
-    finally:
-        logger.removeHandler(recorded)
+    with flashinfer_warnings() as warnings:
+        try:
+            env = importlib.import_module("flashinfer.jit.env")
+        except ModuleNotFoundError:
+            return []  # no FlashInfer here: each module says so
     providers = getattr(env, "FLASHINFER_AOT_PROVIDERS", None)
     if providers is None:
         return []
     problems = [
         f"FlashInfer ignored a prebuilt-kernel package and would JIT-compile instead: {message}"
-        for message in recorded.messages
+        for message in warnings
         if message.startswith("Ignoring incompatible")
     ]
     ours = [provider for provider in providers if provider.distribution == JIT_CACHE]
@@ -161,16 +178,24 @@ def check(recipes: dict[str, str], major: int) -> tuple[list[dict[str, Any]], li
                 problems.append(f"{spec.name} ({recipe}) would be JIT-compiled: no prebuilt .so")
             else:
                 started = time.perf_counter()
-                try:
-                    spec.build_and_load()
-                    result["loaded"] = True
-                except Exception as exc:  # report every module, then fail once
-                    if DRIVER in str(exc) and not driver_present():
+                failure = ""
+                with flashinfer_warnings() as warnings:
+                    try:
+                        spec.build_and_load()
+                        result["loaded"] = True
+                    except Exception as exc:  # report every module, then fail once
+                        failure = str(exc)
+                # FlashInfer 0.7 tries the next provider, then JIT, when a prebuilt .so does
+                # not load, and says why only in a warning: that is the reason to give.
+                reasons = [w for w in warnings if w.startswith("Failed to load AOT artifact")]
+                if not result["loaded"]:
+                    why = "; ".join(reasons) or failure
+                    if DRIVER in why and not driver_present():
                         # Checked for --arch on a machine without a GPU: the module is
                         # prebuilt and FlashInfer takes it; loading it needs the driver.
                         result["needs_driver"] = True
                     else:
-                        problems.append(f"{spec.name} ({recipe}) does not load: {exc}")
+                        problems.append(f"{spec.name} ({recipe}) does not load: {why}")
                 result["load_seconds"] = time.perf_counter() - started
             results.append(result)
     return results, problems
