@@ -261,7 +261,9 @@ def build_jit_cache_wheel(
     ignore = shutil.ignore_patterns("__pycache__", "_build_meta.py")
     shutil.copytree(kernel_project, project, ignore=ignore)
     (project / "flashinfer_jit_cache" / "_build_meta.py").write_text(f'__version__ = "{version}"\n')
-    stubs = driver_stub(toolkit, scratch / "driver-stub")
+    # Beside the sources, at their fixed path: the linker's search path reaches the .so's
+    # build ID, so a stub in a scratch directory of a random name made every build differ.
+    stubs = driver_stub(toolkit, sources.parent / "driver-stub")
     (project / "modules.cmake").write_text(modules_cmake(modules, toolkit, stubs))
     add_license_texts(sources, project / "licenses")
     workspace = sources.parent / "workspace"

@@ -104,7 +104,7 @@ def at_fixed_path(tree: Path, inputs_digest: str) -> Iterator[Path]:
     workspace = directory / "workspace"
     with exclusive_lock(directory / "lock", "another build of the same inputs"):
         try:
-            for leftover in (sources, workspace):
+            for leftover in (sources, workspace, directory / "driver-stub"):
                 if leftover.exists():
                     shutil.rmtree(leftover)
             export_tree(tree, sources)
@@ -115,5 +115,5 @@ def at_fixed_path(tree: Path, inputs_digest: str) -> Iterator[Path]:
                     (data / name).symlink_to(Path("..", "..", target), target_is_directory=True)
             yield sources
         finally:
-            shutil.rmtree(sources, ignore_errors=True)
-            shutil.rmtree(workspace, ignore_errors=True)
+            for made in (sources, workspace, directory / "driver-stub"):
+                shutil.rmtree(made, ignore_errors=True)
