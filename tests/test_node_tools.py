@@ -55,3 +55,24 @@ def test_the_tool_wheel_runs_its_node_commands_without_a_checkout(tmp_path: Path
     )
     assert missing.returncode == 1
     assert "flashinfer-jit-cache is not installed" in missing.stderr
+
+
+def test_the_pcie_reference_is_the_sum_of_every_ranks_seeded_input() -> None:
+    """Each rank rebuilds every rank's input from its seed: the same tensors in every process
+    and every call, and another call's tensors are other ones."""
+    torch = pytest.importorskip("torch")
+    from sm120_build.node.pcie import TOLERANCE, rank_input, reference
+
+    first = [rank_input(64, "bfloat16", rank, 0) for rank in range(2)]
+    assert torch.equal(first[0], rank_input(64, "bfloat16", 0, 0))
+    assert not torch.equal(first[0], first[1])
+    assert not torch.equal(first[0], rank_input(64, "bfloat16", 0, 1))
+    total = reference(64, "bfloat16", 2, 0)
+    assert torch.equal(total, first[0].float() + first[1].float())
+    # One unit in the last place of bf16 off at the largest element is caught.
+    wrong = total.to(torch.bfloat16).float()
+    at = int(total.abs().argmax())
+    wrong[at] = wrong[at] * (1 + 2.0**-7)
+    allowed = TOLERANCE["bfloat16"] * float(total.abs().max())
+    assert float((total.to(torch.bfloat16).float() - total).abs().max()) <= allowed
+    assert float((wrong - total).abs().max()) > allowed

@@ -52,6 +52,10 @@ def module_archs(provenance: dict[str, Any]) -> dict[str, set[str]]:
     return archs
 
 
+# The all-reduces, checked over ranks rather than one module call at a time.
+RANKED = frozenset({"trtllm_comm", "pcie_ipc_comm"})
+
+
 def selected(provenance: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
     """module -> recipe, narrowed by --module (a module or recipe name) and --profile."""
     modules: dict[str, str] = provenance["modules"]
@@ -70,7 +74,8 @@ def selected(provenance: dict[str, Any], args: argparse.Namespace) -> dict[str, 
 
 
 def serving_rows(modules: dict[str, str], archs: dict[str, set[str]]) -> list[Row]:
-    """The rows of every module but trtllm_comm, recipe by recipe, with progress."""
+    """The rows of every module but the all-reduces (RANKED), recipe by recipe, with
+    progress."""
     import torch
 
     from .serving import check_for, checks
@@ -79,7 +84,7 @@ def serving_rows(modules: dict[str, str], archs: dict[str, set[str]]) -> list[Ro
     major, minor = torch.cuda.get_device_capability()
     by_recipe: dict[str, list[str]] = {}
     for module, recipe in sorted(modules.items()):
-        if recipe != "trtllm_comm":
+        if module not in RANKED:
             by_recipe.setdefault(recipe, []).append(module)
     families = checks()
     rows: list[Row] = []
@@ -198,12 +203,14 @@ def _verify(args: argparse.Namespace) -> int:
     if "trtllm_comm" in modules:
         comm_json = args.json.with_suffix(".comm.json") if args.json else None
         comm_failed = verify_comm_rows(args, comm_json)
+    if "pcie_ipc_comm" in modules:
+        comm_failed += verify_pcie_rows(args)
     counts = summary(rows)
     print("\nper recipe:")
     for recipe, per in sorted(counts.items()):
         print(f"  {recipe:<24} " + ", ".join(f"{n} {status}" for status, n in sorted(per.items())))
     failed = sum(1 for row in rows if row.status == FAIL) + comm_failed
-    ran = sum(1 for row in rows if row.status in (PASS, FAIL)) + ("trtllm_comm" in modules)
+    ran = sum(1 for row in rows if row.status in (PASS, FAIL)) + len(RANKED & set(modules))
     print(
         f"\n{sum(1 for r in rows if r.status == PASS)} passed, {failed} failed, "
         f"{sum(1 for r in rows if r.status == NOT_RUNNABLE)} not runnable on this GPU, "
@@ -221,6 +228,24 @@ def verify_comm_rows(args: argparse.Namespace, json_path: Path | None) -> int:
     from .comm import verify_comm
 
     return verify_comm(args.world_size, args.pattern or [], json_path)
+
+
+def verify_pcie_rows(args: argparse.Namespace) -> int:
+    """FlashInfer 0.7's PCIe all-reduce over ranks (node/pcie.py); the failed rows."""
+    import torch
+
+    from .pcie import run_pcie_checks
+
+    world_size = args.world_size or max(2, torch.cuda.device_count())
+    rows = run_pcie_checks(world_size)
+    print(f"\npcie_ipc_comm over {world_size} ranks:")
+    for row in rows:
+        status = PASS if row["passed"] else FAIL
+        print(
+            f"  {status:<4} rank {row['rank']} {row['case']}: max abs error "
+            f"{row['max_abs_error']:.3g} (allowed {row['max_allowed']:.3g})"
+        )
+    return sum(1 for row in rows if not row["passed"])
 
 
 if __name__ == "__main__":
