@@ -18,7 +18,7 @@ import sys
 import types
 from pathlib import Path
 
-SITECUSTOMIZE = '''"""Enter flashinfer and flashinfer.comm as bare namespaces (tests/device/stack_carry.py)."""
+SITECUSTOMIZE = '''"""flashinfer, flashinfer.comm: bare namespaces (tests/device/stack_carry.py)."""
 import sys
 import types
 from pathlib import Path
@@ -44,14 +44,15 @@ def main() -> None:
     for module in MODULES:
         importlib.import_module(module)
     files = {
-        Path(m.__file__)
-        for n, m in list(sys.modules.items())
-        if (n == "flashinfer" or n.startswith("flashinfer.")) and getattr(m, "__file__", None)
+        Path(str(getattr(module, "__file__", "")))
+        for name, module in list(sys.modules.items())
+        if (name == "flashinfer" or name.startswith("flashinfer."))
+        and getattr(module, "__file__", None)
     }
     # Whole packages that the all-reduces import from inside functions, lazily.
     for package in ("comm", "jit", "autotuner", "trace"):
         if (root / package).is_dir():
-            files |= {p for p in (root / package).rglob("*.py")}
+            files |= set((root / package).rglob("*.py"))
     files |= set(root.glob("*.py"))
     if destination.exists():
         shutil.rmtree(destination)
