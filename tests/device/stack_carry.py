@@ -50,9 +50,9 @@ def main() -> None:
         and getattr(module, "__file__", None)
     }
     # Whole packages that the all-reduces import from inside functions, lazily.
-    for package in ("comm", "jit", "autotuner", "trace"):
-        if (root / package).is_dir():
-            files |= set((root / package).rglob("*.py"))
+    for subpackage in ("comm", "jit", "autotuner", "trace"):
+        if (root / subpackage).is_dir():
+            files |= set((root / subpackage).rglob("*.py"))
     files |= set(root.glob("*.py"))
     if destination.exists():
         shutil.rmtree(destination)
