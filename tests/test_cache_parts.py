@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,10 +126,52 @@ def test_the_lock_says_how_much_scratch_it_removed(
     assert capsys.readouterr().err == ""
 
 
-def test_the_lock_holds_its_holders_pid(tmp_path: Path) -> None:
+def test_the_lock_holds_its_holders_pid_and_checkout(tmp_path: Path) -> None:
     with exclusive_lock(tmp_path / "lock", "x"):
-        assert (tmp_path / "lock").read_text() == f"{os.getpid()}\n"
+        assert (tmp_path / "lock").read_text() == f"{os.getpid()} {Path.cwd()}\n"
         assert (tmp_path / "lock").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_waiter_names_the_holders_checkout(tmp_path: Path) -> None:
+    """A build waited 28 minutes on "another build of the same inputs (pid N)": the pid
+    of an unrelated checkout, which the message did not name."""
+    checkout = tmp_path / "other-checkout"
+    checkout.mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from pathlib import Path\n"
+            "from sm120_build.cache import exclusive_lock\n"
+            "with exclusive_lock(Path(sys.argv[1]), 'x'):\n"
+            "    print('held', flush=True)\n"
+            "    time.sleep(1.5)\n",
+            str(tmp_path / "lock"),
+        ],
+        cwd=checkout,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    waiter = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfrom pathlib import Path\nfrom sm120_build.cache import exclusive_lock\n"
+            "with exclusive_lock(Path(sys.argv[1]), 'another build of the same inputs'):\n"
+            "    pass\n",
+            str(tmp_path / "lock"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    holder.wait()
+    holder.stdout.close()
+    assert waiter.stderr == (
+        "sm120-build: waiting for another build of the same inputs "
+        f"(pid {holder.pid}, in {checkout})\n"
+    )
 
 
 def test_a_lock_that_cannot_be_opened_is_named(tmp_path: Path) -> None:

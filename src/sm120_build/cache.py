@@ -61,7 +61,8 @@ def sha256_of(path: Path) -> str:
 def exclusive_lock(path: Path, waiting_for: str) -> Iterator[None]:
     """flock `path` (never following a symlink there), saying whom we wait for.
 
-    The holder's pid is written into the lock file so the waiting message can name it.
+    The holder's pid and working directory (its checkout) are written into the lock file,
+    so that the waiting message can name them.
     """
     try:
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -73,12 +74,13 @@ def exclusive_lock(path: Path, waiting_for: str) -> Iterator[None]:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = lock.read().strip() or "unknown"
-            say(f"waiting for {waiting_for} (pid {holder})")
+            pid, _, where = lock.read().strip().partition(" ")
+            holder = f"pid {pid or 'unknown'}" + (f", in {where}" if where else "")
+            say(f"waiting for {waiting_for} ({holder})")
             fcntl.flock(lock, fcntl.LOCK_EX)
         lock.seek(0)
         lock.truncate()
-        lock.write(f"{os.getpid()}\n")
+        lock.write(f"{os.getpid()} {Path.cwd()}\n")
         lock.flush()
         yield
 
