@@ -114,12 +114,13 @@ def write_series(series: Path, *patches: Path) -> None:
 
 
 def fresh_root(base: Path) -> Path:
-    """A scratch project root with this repo's pins, waivers, profiles, patches, ci/ and
-    kernel project."""
+    """A scratch project root with this repo's pins, waivers, audit scope, profiles,
+    patches, ci/ and kernel project."""
     root = base / "project"
     root.mkdir(parents=True)
     shutil.copy(REPO / "pins.toml", root)
     shutil.copy(REPO / "audit-waivers.toml", root)
+    shutil.copy(REPO / "audit-scope.toml", root)
     shutil.copy(REPO / "profiles.toml", root)
     shutil.copy(REPO / "profiles-derived.toml", root)  # profiles.toml includes it
     shutil.copytree(REPO / "patches", root / "patches")
@@ -250,13 +251,17 @@ def wheel_in(links: Path, name: str, version: str, payload: str = "") -> Path:
 
 
 def wheelhouse_project(
-    root: Path, wheels: list[Path], companions: Sequence[Companion] = ()
+    root: Path,
+    wheels: list[Path],
+    companions: Sequence[Companion] = (),
+    companion_wheels: Sequence[Path] = (),
 ) -> Path:
-    """A project root holding this repo's pins.toml and a wheelhouse of `wheels`, as
-    `build_wheels` leaves one for publish and lock_node."""
+    """A project root holding this repo's pins.toml and a wheelhouse of `wheels` (and of
+    `companion_wheels`, as `build_wheels` fetches them), as `build_wheels` leaves one for
+    publish and lock_node."""
     root.mkdir(parents=True)
     shutil.copy(REPO / "pins.toml", root)
-    assemble_wheelhouse(wheels, list(companions), root / "wheelhouse")
+    assemble_wheelhouse(wheels, list(companions), list(companion_wheels), root / "wheelhouse")
     return root
 
 

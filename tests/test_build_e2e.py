@@ -62,11 +62,12 @@ def shared_object(builds: tuple[Path, Path], module_tmp: Callable[[str], Path]) 
         )
 
 
-def test_wheelhouse_holds_exactly_four_wheels_and_their_hashes(builds: Any) -> None:
+def test_wheelhouse_holds_our_four_wheels_the_cubin_and_their_hashes(builds: Any) -> None:
     root = builds[0]
     names = sorted(p.name for p in (root / "wheelhouse").iterdir())
     patterns = [
         r"SHA256SUMS",
+        r"flashinfer_cubin-0\.6\.3-py3-none-any\.whl",
         r"flashinfer_jit_cache-0\.6\.3\+cu130\.sm120f\.p[0-9a-f]{8}\.c[0-9a-f]{8}-py3-none-"
         r"manylinux_2_\d+_x86_64\.whl",
         r"flashinfer_python-0\.6\.3\+sm120\.p[0-9a-f]{8}-py3-none-any\.whl",
@@ -329,8 +330,8 @@ def jit_commands(venv: Path, tmp_path: Path, cuda_home: Path) -> dict[str, list[
 
 
 def make_node(wheelhouse: Path, venv: Path) -> Path:
-    """A fresh virtual environment with the FlashInfer wheels, the node tools' wheel
-    (sm120-build), flashinfer-cubin and CPU torch."""
+    """A fresh virtual environment with the FlashInfer wheels (flashinfer-cubin among them),
+    the node tools' wheel (sm120-build) and CPU torch."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     wheels = sorted(str(p) for p in wheelhouse.glob("flashinfer_*.whl"))
     wheels += sorted(str(p) for p in wheelhouse.glob("sm120_build-*.whl"))
@@ -342,7 +343,6 @@ def make_node(wheelhouse: Path, venv: Path) -> Path:
             "install",
             "--quiet",
             *wheels,
-            f"flashinfer-cubin=={PINS.companions['flashinfer-cubin'].version}",
             "torch==2.13.0",
         ],
         check=True,

@@ -30,13 +30,12 @@ pytestmark = pytest.mark.slow  # a real build, a real index server, fresh venvs
 @pytest.fixture
 def flashinfer_project(built_project: Path, tmp_path: Path) -> Path:
     """The built wheelhouse less the sglang wheel, requirements.txt written again for it."""
-    wheels = [
-        path
-        for path in (built_project / "wheelhouse").glob("*.whl")
-        if not path.name.startswith("sglang-")
-    ]
     companions = list(load_pins(REPO / "pins.toml").companions.values())
-    return wheelhouse_project(tmp_path / "project", wheels, companions)
+    companion_prefixes = tuple(f"{pin.name.replace('-', '_')}-" for pin in companions)
+    built = sorted((built_project / "wheelhouse").glob("*.whl"))
+    ours = [p for p in built if not p.name.startswith(("sglang-", *companion_prefixes))]
+    companion_wheels = [p for p in built if p.name.startswith(companion_prefixes)]
+    return wheelhouse_project(tmp_path / "project", ours, companions, companion_wheels)
 
 
 def fresh_venv(where: Path) -> Path:

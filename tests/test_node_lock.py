@@ -4,6 +4,7 @@ alone; a tampered file fails with pip's own hash error."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -155,3 +156,43 @@ def test_the_lock_keeps_to_pips_configured_constraints(closure: dict[str, Path])
     assert result.returncode == 0, result.stderr
     lock = (closure["root"] / "wheelhouse" / "node-lock.txt").read_text()
     assert {pin.name: pin.version for pin in parse_pins(lock)}["gamma-pkg"] == "3.0"
+
+
+def test_a_wheelhouse_with_its_companion_installs_alone_and_locks(tmp_path: Path) -> None:
+    """The build puts the pinned companion (flashinfer-cubin) into the wheelhouse: the
+    offline recipe (--find-links wheelhouse/, no index) installs, and the lock takes the
+    companion by one of its pinned hashes. A companion file that is not pinned is refused."""
+    from sm120_build.pins import Companion
+
+    links = tmp_path / "links"
+    gamma = wheel_in(links, "gamma_pkg", "3.0")
+    digest = hashlib.sha256(gamma.read_bytes()).hexdigest()
+    (tmp_path / "scratch").mkdir()
+    alpha = small_wheel(tmp_path / "scratch", "alpha_pkg", "1.0+sm120.p1", requires=("gamma-pkg",))
+    pin = Companion("gamma-pkg", "3.0", ("0" * 64, digest))
+    root = wheelhouse_project(tmp_path / "project", [alpha], [pin], [gamma])
+    wheelhouse = root / "wheelhouse"
+
+    python = fresh_venv(tmp_path / "offline")
+    offline = hash_checked_install(
+        python, wheelhouse / "requirements.txt", "--no-index", "--find-links", str(wheelhouse)
+    )
+    assert offline.returncode == 0, offline.stderr
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    assert installed_versions(python, env)["gamma-pkg"] == "3.0"
+
+    closure = {"root": root, "links": links, "tmp": tmp_path}
+    result = sm120_build(closure, "lock-node", "--python-version", "3.11")
+    assert result.returncode == 0, result.stderr
+    locked = {pin.name: pin for pin in parse_pins((wheelhouse / "node-lock.txt").read_text())}
+    assert locked["gamma-pkg"].hashes == (digest,)
+
+    unpinned = wheelhouse_project(
+        tmp_path / "unpinned", [alpha], [Companion("gamma-pkg", "3.0", ("0" * 64,))], [gamma]
+    )
+    refused = sm120_build({**closure, "root": unpinned}, "lock-node", "--python-version", "3.11")
+    assert refused.returncode == 1
+    assert f"{gamma.name} is not what {unpinned / 'wheelhouse' / 'requirements.txt'} pins" in (
+        refused.stderr
+    )
+    assert not (unpinned / "wheelhouse" / "node-lock.txt").exists()

@@ -203,9 +203,10 @@ def test_upload_then_install_then_republish_is_a_no_op(
     assert "uploading" not in again.stderr
 
 
-def test_the_companions_requirements_txt_pins_are_published_too(tmp_path: Path, index: Any) -> None:
-    """requirements.txt pins flashinfer-cubin beside our wheels: an index that does not
-    proxy the public one must serve it too, or the node's install fails on it."""
+def test_the_companion_in_the_wheelhouse_is_published_too(tmp_path: Path, index: Any) -> None:
+    """requirements.txt pins flashinfer-cubin beside our wheels, and the build puts its file
+    in the wheelhouse: an index that does not proxy the public one must serve it too, or
+    the node's install fails on it."""
     links = tmp_path / "links"
     companion = wheel_in(links, "gamma_pkg", "3.0")
     scratch = tmp_path / "scratch"
@@ -213,24 +214,45 @@ def test_the_companions_requirements_txt_pins_are_published_too(tmp_path: Path, 
     real = hashlib.sha256((links / companion.name).read_bytes()).hexdigest()
     pin = Companion("gamma-pkg", "3.0", ("0" * 64, real))  # pip takes a file of either hash
     root = wheelhouse_project(
-        tmp_path / "project-with-companion", [small_wheel(scratch, "alpha_pkg", "1.0")], [pin]
+        tmp_path / "project-with-companion",
+        [small_wheel(scratch, "alpha_pkg", "1.0")],
+        [pin],
+        [companion],
     )
-    env_result = publish(
-        root, "--repository-url", index.upload, "--index-url", index.simple, find_links=links
-    )
+    env_result = publish(root, "--repository-url", index.upload, "--index-url", index.simple)
     assert env_result.returncode == 0, env_result.stderr
     assert sorted(p.name for p in index.packages.iterdir()) == sorted(
-        [companion.name, *(p.name for p in (root / "wheelhouse").glob("*.whl"))]
+        p.name for p in (root / "wheelhouse").glob("*.whl")
     )
+    assert companion.name in {p.name for p in index.packages.iterdir()}
     installed = fresh_install(root, index.simple, tmp_path)
     assert installed["gamma-pkg"] == "3.0"
-    static = publish(root, "--static", str(tmp_path / "static"), find_links=links)
+    static = publish(root, "--static", str(tmp_path / "static"))
     assert static.returncode == 0, static.stderr
     assert (tmp_path / "static" / "packages" / companion.name).is_file()
-    again = publish(
-        root, "--repository-url", index.upload, "--index-url", index.simple, find_links=links
-    )
+    again = publish(root, "--repository-url", index.upload, "--index-url", index.simple)
     assert again.returncode == 0 and again.stderr.count("already there (identical)") == 2
+
+
+def test_a_wheelhouse_without_its_companions_wheel_is_refused(tmp_path: Path, index: Any) -> None:
+    """A wheelhouse built before the build fetched companions: requirements.txt pins
+    gamma, no gamma wheel is there. Publishing it would leave the node's install short."""
+    (tmp_path / "scratch").mkdir()
+    root = wheelhouse_project(
+        tmp_path / "project",
+        [small_wheel(tmp_path / "scratch", "alpha_pkg", "1.0")],
+        [Companion("gamma-pkg", "3.0", ("0" * 64,))],
+    )
+    for extra in ((), ("--static", str(tmp_path / "static"))):
+        args = extra or ("--repository-url", index.upload, "--index-url", index.simple)
+        result = publish(root, *args)
+        assert result.returncode == 1
+        assert (
+            f"{root / 'wheelhouse'} holds no wheel of gamma-pkg, which requirements.txt pins"
+            in result.stderr
+        )
+    assert list(index.packages.iterdir()) == []
+    assert not (tmp_path / "static").exists()
 
 
 def test_an_index_url_that_does_not_serve_the_upload_fails_the_read_back(
@@ -452,16 +474,14 @@ def test_publish_as_a_library_takes_extra_files_once(
     ours = local_wheels(wheelhouse)
     extra = small_wheel(tmp_path, "epsilon_pkg", "5.0")
     closure = [ours[0], LocalWheel(extra, "epsilon-pkg", sha256_of(extra))]
-    publish_module.publish(wheelhouse, index.upload, None, index.simple, tmp_path / "cache")
+    publish_module.publish(wheelhouse, index.upload, None, index.simple)
     assert len(list(index.packages.iterdir())) == 2
-    publish_module.publish(
-        wheelhouse, index.upload, None, index.simple, tmp_path / "cache", closure=closure
-    )
+    publish_module.publish(wheelhouse, index.upload, None, index.simple, closure=closure)
     assert sorted(p.name for p in index.packages.iterdir()) == sorted(
         [extra.name, *(w.path.name for w in ours)]
     )
     static = tmp_path / "static"
-    write_static_index(wheelhouse, static, tmp_path / "cache", closure)
+    write_static_index(wheelhouse, static, closure)
     assert sorted(p.name for p in (static / "packages").iterdir()) == sorted(
         [extra.name, *(w.path.name for w in ours)]
     )

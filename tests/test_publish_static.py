@@ -137,12 +137,12 @@ def test_a_project_page_lists_every_version_in_order(project: Path, tmp_path: Pa
     """write_static_index called as a library (no closure given), twice: the second
     wheelhouse's alpha joins the first's on one page."""
     static = tmp_path / "mirror"
-    write_static_index(project / "wheelhouse", static, tmp_path / "cache")
+    write_static_index(project / "wheelhouse", static)
     newer = tmp_path / "newer"
     (newer / "scratch").mkdir(parents=True)
     wheel = small_wheel(newer / "scratch", "alpha_pkg", "1.1")
-    assemble_wheelhouse([wheel], [], newer / "wheelhouse")
-    write_static_index(newer / "wheelhouse", static, tmp_path / "cache")
+    assemble_wheelhouse([wheel], [], [], newer / "wheelhouse")
+    write_static_index(newer / "wheelhouse", static)
     files = sorted((static / "packages").glob("alpha_pkg-*.whl"))
     assert [f.name for f in files] == [
         "alpha_pkg-1.0+sm120.pabc12345-py3-none-any.whl",

@@ -24,6 +24,8 @@ from sm120_build.wheels import (
     manylinux_tag,
 )
 
+from .conftest import small_wheel
+
 CUBIN = Companion("flashinfer-cubin", "0.6.3", ("ab" * 32,))
 
 
@@ -226,7 +228,7 @@ def test_assemble_replaces_wheelhouse_with_sums_and_hashes(tmp_path: Path) -> No
     wheelhouse = tmp_path / "wheelhouse"
     wheelhouse.mkdir()
     (wheelhouse / "stale.whl").write_text("old")
-    assemble_wheelhouse([wheel], [CUBIN], wheelhouse)
+    assemble_wheelhouse([wheel], [CUBIN], [], wheelhouse)
     assert sorted(p.name for p in wheelhouse.iterdir()) == [
         "SHA256SUMS",
         "demo-1.0-py3-none-linux_x86_64.whl",
@@ -240,12 +242,35 @@ def test_assemble_replaces_wheelhouse_with_sums_and_hashes(tmp_path: Path) -> No
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".wheelhouse-")]
 
 
+def test_a_companions_wheel_is_in_the_sums_and_pinned_once_by_its_pinned_hashes(
+    tmp_path: Path,
+) -> None:
+    """The wheelhouse alone installs (--find-links without an index): the companion's file
+    is there, SHA256SUMS covers it, and requirements.txt pins it by every pinned hash,
+    not by the one file's, and not twice."""
+    ours = finalize_wheel(demo_wheel(tmp_path), tmp_path, {})
+    (tmp_path / "companion").mkdir()
+    cubin = small_wheel(tmp_path / "companion", "flashinfer_cubin", "0.6.3")
+    cubin_digest = hashlib.sha256(cubin.read_bytes()).hexdigest()
+    pin = Companion("flashinfer-cubin", "0.6.3", ("cd" * 32, cubin_digest))
+    wheelhouse = tmp_path / "wheelhouse"
+    assemble_wheelhouse([ours], [pin], [cubin], wheelhouse)
+    assert sorted(p.name for p in wheelhouse.glob("*.whl")) == sorted([ours.name, cubin.name])
+    assert f"{cubin_digest}  {cubin.name}\n" in (wheelhouse / "SHA256SUMS").read_text()
+    requirements = (wheelhouse / "requirements.txt").read_text()
+    assert requirements.count("flashinfer-cubin==") == 1
+    assert (
+        f"flashinfer-cubin==0.6.3 \\\n    --hash=sha256:{'cd' * 32} \\\n"
+        f"    --hash=sha256:{cubin_digest}\n" in requirements
+    )
+
+
 def test_failed_assembly_leaves_the_old_wheelhouse(tmp_path: Path) -> None:
     wheelhouse = tmp_path / "wheelhouse"
     wheelhouse.mkdir()
     (wheelhouse / "kept.whl").write_text("old")
     with pytest.raises(FileNotFoundError):
-        assemble_wheelhouse([tmp_path / "missing-1.0-py3-none-any.whl"], [], wheelhouse)
+        assemble_wheelhouse([tmp_path / "missing-1.0-py3-none-any.whl"], [], [], wheelhouse)
     assert [p.name for p in wheelhouse.iterdir()] == ["kept.whl"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".wheelhouse-")]
 
@@ -268,7 +293,7 @@ def test_failure_at_the_swap_puts_the_old_wheelhouse_back(
 
     monkeypatch.setattr(os, "rename", failing_rename)
     with pytest.raises(OSError, match="No space left"):
-        assemble_wheelhouse([wheel], [], wheelhouse)
+        assemble_wheelhouse([wheel], [], [], wheelhouse)
     assert [p.name for p in wheelhouse.iterdir()] == ["kept.whl"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".wheelhouse-")]
 

@@ -169,7 +169,7 @@ def test_a_swap_killed_midway_is_finished_by_the_next_assembly(tmp_path: Path) -
     (tmp_path / ".wheelhouse-new-def" / "half.whl").write_text("half")
     wheel = finalize_wheel(demo_wheel(tmp_path), tmp_path, {})
     wheelhouse = tmp_path / "wheelhouse"
-    assemble_wheelhouse([wheel], [], wheelhouse)
+    assemble_wheelhouse([wheel], [], [], wheelhouse)
     assert sorted(p.name for p in wheelhouse.iterdir()) == [
         "SHA256SUMS",
         wheel.name,
@@ -187,7 +187,7 @@ def test_leftovers_beside_a_whole_wheelhouse_are_only_removed(tmp_path: Path) ->
     (old / "wheelhouse").mkdir(parents=True)
     (old / "wheelhouse" / "older.whl").write_text("older")
     with pytest.raises(FileNotFoundError):  # a failing assembly: only the clean-up shows
-        assemble_wheelhouse([tmp_path / "absent-1.0-py3-none-any.whl"], [], wheelhouse)
+        assemble_wheelhouse([tmp_path / "absent-1.0-py3-none-any.whl"], [], [], wheelhouse)
     assert [p.name for p in wheelhouse.iterdir()] == ["current.whl"]
     assert not old.exists()
 
@@ -280,14 +280,16 @@ def test_a_failing_assembly_after_a_killed_swap_leaves_the_old_wheelhouse_back(
     (old / "wheelhouse" / "kept.whl").write_text("old")
     wheelhouse = tmp_path / "wheelhouse"
     with pytest.raises(FileNotFoundError):
-        assemble_wheelhouse([tmp_path / "absent-1.0-py3-none-any.whl"], [], wheelhouse)
+        assemble_wheelhouse([tmp_path / "absent-1.0-py3-none-any.whl"], [], [], wheelhouse)
     assert [p.name for p in wheelhouse.iterdir()] == ["kept.whl"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".wheelhouse-")]
 
 
 def test_a_failing_first_assembly_raises_its_own_error_and_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"absent-1\.0-py3-none-any\.whl"):
-        assemble_wheelhouse([tmp_path / "absent-1.0-py3-none-any.whl"], [], tmp_path / "wheelhouse")
+        assemble_wheelhouse(
+            [tmp_path / "absent-1.0-py3-none-any.whl"], [], [], tmp_path / "wheelhouse"
+        )
     assert list(tmp_path.iterdir()) == []
 
 

@@ -246,16 +246,13 @@ def _publish(layout: Layout, args: argparse.Namespace) -> None:
         raise UserError("--index-url is required: the simple index to read the upload back from")
     with publish.closure_wheels(layout.wheelhouse, layout.cache, args.with_dependencies) as closure:
         if args.static:
-            publish.write_static_index(
-                layout.wheelhouse, args.static.absolute(), layout.cache, closure
-            )
+            publish.write_static_index(layout.wheelhouse, args.static.absolute(), closure)
             return
         publish.publish(
             layout.wheelhouse,
             args.repository_url,
             args.repository,
             args.index_url,
-            layout.cache,
             args.timeout,
             closure,
         )
@@ -460,7 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"also publish every file of wheelhouse/{node_lock.LOCK_FILE} for its target "
         "(nox -s lock_node): the closure a fresh node installs, gigabytes",
     )
-    sub.set_defaults(run=_publish, locks_cache=True)  # companions are fetched into the cache
+    sub.set_defaults(run=_publish, locks_cache=True)  # the closure is fetched into the cache
 
     sub = commands.add_parser(
         "derive-profiles",

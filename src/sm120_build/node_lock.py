@@ -144,18 +144,24 @@ def platform_of(wheels: list[Path]) -> str:
 
 def lock_node(wheelhouse: Path, python_version: str, platform: str | None) -> Path:
     """Resolve the fresh-node closure of wheelhouse/requirements.txt for the target and
-    write it to wheelhouse/node-lock.txt at once. Our wheels must be in it with their own
-    hashes."""
+    write it to wheelhouse/node-lock.txt at once. Each wheelhouse project must be in it
+    with no hash but those requirements.txt pins for it."""
     checked = checked_wheels(wheelhouse)
     target = Target(python_version, platform or platform_of(list(checked)))
-    ours = {
-        str(canonicalize_name(parse_wheel_filename(path.name)[0])): digest
-        for path, digest in checked.items()
-    }
     requirements = wheelhouse / "requirements.txt"
     if not requirements.is_file():
         raise UserError(f"{requirements} is missing: run `nox -s build_wheels` first")
     roots = parse_pins(requirements.read_text())
+    # What requirements.txt lets each wheelhouse project be: ours by their one hash, a
+    # companion (flashinfer-cubin) by its pinned hashes, whichever file the wheelhouse holds.
+    allowed = {pin.name: set(pin.hashes) for pin in roots}
+    for path, digest in checked.items():
+        name = str(canonicalize_name(parse_wheel_filename(path.name)[0]))
+        if digest not in allowed.get(name, set()):
+            raise UserError(
+                f"{path.name} is not what {requirements} pins for {name}: "
+                "rebuild the wheelhouse with `nox -s build_wheels`"
+            )
     sources = pip_sources()
     with tempfile.TemporaryDirectory(prefix="sm120-lock-") as scratch:
         wanted = Path(scratch) / "node.in"
@@ -200,8 +206,10 @@ def lock_node(wheelhouse: Path, python_version: str, platform: str | None) -> Pa
             )
         pins = parse_pins(resolved.read_text())
         by_name = {pin.name: pin for pin in pins}
-        for name, digest in ours.items():
-            if name not in by_name or by_name[name].hashes != (digest,):
+        for path in checked:
+            name = str(canonicalize_name(parse_wheel_filename(path.name)[0]))
+            locked = set(by_name[name].hashes) if name in by_name else set()
+            if not locked or not locked <= allowed[name]:
                 raise UserError(
                     f"the resolved closure does not take {name} from {wheelhouse} (it pins "
                     f"{by_name[name].version if name in by_name else 'nothing'}): another "

@@ -232,7 +232,10 @@ def _wheelhouse(
         lap("sglang wheel")
         built.append(build_tool_wheel(final_dir))
         lap("node tools wheel")
-        wheels.assemble_wheelhouse(built, list(pins.companions.values()), layout.wheelhouse)
+        companions = list(pins.companions.values())
+        wheels.assemble_wheelhouse(
+            built, companions, _companion_wheels(pins, layout.cache), layout.wheelhouse
+        )
         lap("wheelhouse")
     where = (
         layout.wheelhouse.relative_to(layout.root)
@@ -242,11 +245,27 @@ def _wheelhouse(
     say(f"wrote {where}/:")
     for name in [*(wheel.name for wheel in built), "SHA256SUMS", "requirements.txt"]:
         say(f"  {name}")
+    for companion in companions:
+        say(f"  {companion.name} {companion.version} (a pinned companion, as the index serves it)")
     say(
         f"next: on a node, pip install --require-hashes --no-deps --find-links {where}/ "
         f"-r {where}/requirements.txt, then sm120-node-check; or nox -s lock_node and "
         "nox -s publish"
     )
+
+
+def _companion_wheels(pins: Pins, cache: Path) -> list[Path]:
+    """The pinned companions (flashinfer-cubin), fetched through pip with their pinned
+    hashes, so that the wheelhouse alone installs: `--find-links wheelhouse/` without an
+    index needs them there."""
+    return [
+        fetch.fetch_pinned_wheel(
+            f"{pin.name}=={pin.version} "
+            + " ".join(f"--hash=sha256:{digest}" for digest in pin.sha256),
+            cache,
+        )
+        for pin in pins.companions.values()
+    ]
 
 
 class _Laps:

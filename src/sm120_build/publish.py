@@ -30,7 +30,6 @@ from packaging.utils import (
 from .cache import scratch_directory, sha256_of
 from .console import say
 from .errors import UserError
-from .fetch import fetch_pinned_wheel
 from .index import Reader, page_links, server_of
 from .node_lock import mirror_files, parse_pins
 from .static_index import StaticFile, write_tree
@@ -59,22 +58,26 @@ class LocalWheel:
     sha256: str
 
 
-def companion_wheels(wheelhouse: Path, ours: list[LocalWheel], cache: Path) -> list[LocalWheel]:
-    """Every file requirements.txt pins besides our wheels (flashinfer-cubin), fetched
-    through pip with its pinned hash: a node that reaches only the internal index needs
-    them there too."""
+def local_wheels(wheelhouse: Path) -> list[LocalWheel]:
+    """The wheelhouse's wheels, checked against its SHA256SUMS; each project its
+    requirements.txt pins must have its wheel there (our own and the companions a build
+    fetched), or a node that reaches only the internal index could not install."""
     requirements = wheelhouse / "requirements.txt"
     if not requirements.is_file():
         raise UserError(f"{requirements} is missing: run `nox -s build_wheels` first")
-    mine = {wheel.project for wheel in ours}
-    companions = []
-    for pin in parse_pins(requirements.read_text()):
-        if pin.name in mine or not pin.hashes:
-            continue
-        hashes = " ".join(f"--hash=sha256:{digest}" for digest in pin.hashes)
-        path = fetch_pinned_wheel(f"{pin.name}=={pin.version} {hashes}", cache)
-        companions.append(LocalWheel(path, pin.name, sha256_of(path)))
-    return companions
+    wheels = [
+        LocalWheel(path, str(canonicalize_name(parse_wheel_filename(path.name)[0])), digest)
+        for path, digest in checked_wheels(wheelhouse).items()
+    ]
+    held = {wheel.project for wheel in wheels}
+    lacking = [pin.name for pin in parse_pins(requirements.read_text()) if pin.name not in held]
+    if lacking:
+        raise UserError(
+            f"{wheelhouse} holds no wheel of {', '.join(lacking)}, which requirements.txt pins "
+            "(a wheelhouse built before the build fetched its companions): rebuild it with "
+            "`nox -s build_wheels`"
+        )
+    return wheels
 
 
 @contextmanager
@@ -95,14 +98,6 @@ def closure_wheels(wheelhouse: Path, cache: Path, wanted: bool) -> Iterator[list
 def _with(wheels: list[LocalWheel], more: list[LocalWheel]) -> list[LocalWheel]:
     names = {wheel.path.name for wheel in wheels}
     return wheels + [wheel for wheel in more if wheel.path.name not in names]
-
-
-def local_wheels(wheelhouse: Path) -> list[LocalWheel]:
-    """The wheelhouse's wheels, checked against its SHA256SUMS."""
-    return [
-        LocalWheel(path, str(canonicalize_name(parse_wheel_filename(path.name)[0])), digest)
-        for path, digest in checked_wheels(wheelhouse).items()
-    ]
 
 
 def twine_credentials(repository_url: str | None, repository: str | None) -> tuple[str, str] | None:
@@ -185,15 +180,13 @@ def publish(
     repository_url: str | None,
     repository: str | None,
     index_url: str,
-    cache: Path,
     timeout: float = DEFAULT_TIMEOUT,
     closure: list[LocalWheel] | None = None,
 ) -> None:
     index_url = check_url(index_url, "--index-url")
     if repository_url:
         check_url(repository_url, "--repository-url")
-    ours = local_wheels(wheelhouse)
-    wheels = _with(ours + companion_wheels(wheelhouse, ours, cache), closure or [])
+    wheels = _with(local_wheels(wheelhouse), closure or [])
     check = _twine("check", *(str(w.path) for w in wheels))
     if check.returncode != 0:
         output = check.stdout + check.stderr
@@ -271,11 +264,10 @@ def _summary(wheels: list[LocalWheel], status: dict[str, str], index_url: str) -
 
 
 def write_static_index(
-    wheelhouse: Path, destination: Path, cache: Path, closure: list[LocalWheel] | None = None
+    wheelhouse: Path, destination: Path, closure: list[LocalWheel] | None = None
 ) -> Path:
-    """Add the wheelhouse, its companions and `closure` to the static tree at `destination`
+    """Add the wheelhouse and `closure` to the static tree at `destination`
     (static_index.py), with its lock files; return the lock directory."""
-    ours = local_wheels(wheelhouse)
-    wheels = _with(ours + companion_wheels(wheelhouse, ours, cache), closure or [])
+    wheels = _with(local_wheels(wheelhouse), closure or [])
     files = [StaticFile(w.path, w.path.name, w.project, w.sha256) for w in wheels]
     return write_tree(wheelhouse, destination, files)

@@ -285,8 +285,13 @@ def requirement_lines(wheels: list[Path], companions: list[Companion]) -> str:
     return "".join(lines)
 
 
-def assemble_wheelhouse(wheels: list[Path], companions: list[Companion], wheelhouse: Path) -> None:
-    """Replace wheelhouse/ by renames: a failed build never leaves a partial one, and a
+def assemble_wheelhouse(
+    wheels: list[Path], companions: list[Companion], companion_wheels: list[Path], wheelhouse: Path
+) -> None:
+    """`wheels` (ours) and the companions' wheels, with SHA256SUMS over all of them and
+    requirements.txt pinning ours by their hash and the companions by their pinned ones.
+
+    Replace wheelhouse/ by renames: a failed build never leaves a partial one, and a
     failure at the swap itself puts the old one back. What a run killed during the swap
     left beside it is removed first (the old one back in place if it is all there is)."""
     for leftover in sorted(wheelhouse.parent.glob(".wheelhouse-old-*")):
@@ -299,13 +304,13 @@ def assemble_wheelhouse(wheels: list[Path], companions: list[Companion], wheelho
     retired: Path | None = None
     try:
         staging.chmod(0o755)  # mkdtemp makes it private; wheelhouse/ is meant to be shared
-        for wheel in wheels:
+        for wheel in [*wheels, *companion_wheels]:
             shutil.copyfile(wheel, staging / wheel.name)
-        copied = sorted(staging.glob("*.whl"))
         (staging / "SHA256SUMS").write_text(
-            "".join(f"{sha256_of(path)}  {path.name}\n" for path in copied)
+            "".join(f"{sha256_of(path)}  {path.name}\n" for path in sorted(staging.glob("*.whl")))
         )
-        (staging / "requirements.txt").write_text(requirement_lines(copied, companions))
+        ours = [staging / wheel.name for wheel in wheels]
+        (staging / "requirements.txt").write_text(requirement_lines(ours, companions))
         if wheelhouse.exists():
             retired = Path(tempfile.mkdtemp(prefix=".wheelhouse-old-", dir=wheelhouse.parent))
             os.rename(wheelhouse, retired / "wheelhouse")

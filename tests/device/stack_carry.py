@@ -29,7 +29,12 @@ for name, directory in (("flashinfer", root), ("flashinfer.comm", root / "comm")
     package.__path__ = [str(directory)]
     sys.modules[name] = package
 '''
-MODULES = ("flashinfer.comm.trtllm_ar", "flashinfer.comm.pcie_ipc_ar", "flashinfer.jit.env")
+MODULES = (
+    "flashinfer.comm.trtllm_ar",
+    "flashinfer.comm.allreduce",
+    "flashinfer.comm.pcie_ipc_ar",
+    "flashinfer.jit.env",
+)
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,10 @@ def _run_case(
             eps=eps,
             shared_expert_output=shared.to(dtype).cuda(),
             expert_scale_factor=scales.to(dtype).cuda(),
+            **_unused_newer_parameters(
+                trtllm_ar.trtllm_moe_finalize_allreduce_fusion,
+                ("quant_out", "scale_out", "routed_scaling_factor"),
+            ),
         )
     elif case.pattern == "moe_reduction":
         experts, expert_scales, fc2 = moe_reduction_inputs(case, rank)
@@ -186,6 +191,15 @@ def _run_case(
     return outputs
 
 
+def _unused_newer_parameters(function: Any, names: tuple[str, ...]) -> dict[str, None]:
+    """None for each of `names` that this FlashInfer's `function` takes (FlashInfer 0.7
+    added them without defaults), as sglang passes them only where the signature has them."""
+    import inspect
+
+    taken = inspect.signature(function).parameters
+    return {name: None for name in names if name in taken}
+
+
 def _late_residual(residual: Any) -> Any:
     """A copy of `residual` that PDL_PRODUCER writes 2 ms after it let dependent kernels
     launch, into memory that held NaN: whatever reads it before its grid-dependency wait
@@ -210,6 +224,49 @@ def _pdl_producer() -> Any:
     return torch.cuda.jiterator._create_jit_fn(PDL_PRODUCER)
 
 
+def has_custom_allreduce() -> bool:
+    """FlashInfer 0.7 dropped the custom allreduce (trtllm_custom_all_reduce); its cases
+    run where the installed FlashInfer still has it."""
+    from flashinfer.comm import trtllm_ar
+
+    return hasattr(trtllm_ar, "trtllm_custom_all_reduce")
+
+
+def _fusion_workspace(
+    rank: int, world_size: int, max_tokens: int, hidden: int, group: Any
+) -> tuple[Any, Callable[[], None]]:
+    """The allreduce fusion's workspace pointers as the stack's sglang makes them, and what
+    frees them. sglang 0.5.9 calls trtllm_create_ipc_workspace_for_all_reduce_fusion (CUDA
+    IPC, FlashInfer 0.6). Where FlashInfer allocates that workspace from torch's symmetric
+    memory instead (0.7), which refuses ranks that share a GPU, sglang 0.5.23 calls
+    create_allreduce_fusion_workspace (flashinfer_comm_fusion.py), whose TRT-LLM workspace
+    is symmetric device memory (cuMem with POSIX file descriptors): so does this."""
+    import importlib.util
+
+    import torch
+    from flashinfer.comm import trtllm_ar
+
+    if importlib.util.find_spec("flashinfer.comm.torch_symmetric_memory") is None:
+        handles, pointers = trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion(
+            rank, world_size, max_tokens, hidden, group=group
+        )
+        return pointers, lambda: trtllm_ar.trtllm_destroy_ipc_workspace_for_all_reduce_fusion(
+            handles, group
+        )
+    from flashinfer.comm.allreduce import create_allreduce_fusion_workspace
+
+    workspace = create_allreduce_fusion_workspace(
+        backend="trtllm",
+        world_size=world_size,
+        rank=rank,
+        max_token_num=max_tokens,
+        hidden_dim=hidden,
+        dtype=torch.bfloat16,  # fp16 and bf16 share it; only fp32 needs fp32 lamport buffers
+        group=group,
+    )
+    return workspace.workspace_tensor, workspace.destroy
+
+
 def _hung(rank: int, case: Case) -> None:
     print(
         f"rank {rank}: {case.name} did not finish in {CASE_TIMEOUT} s (custom flag or lamport "
@@ -230,11 +287,13 @@ def _run_rank(
     results: list[Result] = []
     for hidden in sorted({case.hidden for case in cases}):
         max_tokens = max(case.tokens for case in cases if case.hidden == hidden)
-        handles, fusion = trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion(
-            rank, world_size, max_tokens, hidden, group=group
-        )
-        custom = trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce(
-            rank, world_size, CUSTOM_ALLREDUCE_TOKENS, hidden, group=group
+        fusion, destroy_fusion = _fusion_workspace(rank, world_size, max_tokens, hidden, group)
+        custom = (
+            trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce(
+                rank, world_size, CUSTOM_ALLREDUCE_TOKENS, hidden, group=group
+            )
+            if has_custom_allreduce()
+            else []
         )
         workspaces = Workspaces(fusion, custom)
         for case in (c for c in cases if c.hidden == hidden):
@@ -248,8 +307,9 @@ def _run_rank(
             watchdog.cancel()
             results += _compare(case, rank, outputs, world_size, eps)
         dist.barrier(group)
-        trtllm_ar.trtllm_destroy_ipc_workspace_for_all_reduce(custom, group)
-        trtllm_ar.trtllm_destroy_ipc_workspace_for_all_reduce_fusion(handles, group)
+        if custom:
+            trtllm_ar.trtllm_destroy_ipc_workspace_for_all_reduce(custom, group)
+        destroy_fusion()
     Path(results_path).with_suffix(f".rank{rank}.json").write_text(
         json.dumps([asdict(result) for result in results])
     )
@@ -288,9 +348,11 @@ def check_aot_load() -> tuple[str, float]:
     return str(spec.aot_path), elapsed
 
 
-def verify_comm(world_size: int | None, patterns: list[str], json_path: Path | None) -> int:
-    """The trtllm_comm checks over ranks; returns how many rows failed (one more when the
-    module did not come from the jit-cache package)."""
+def verify_comm(
+    world_size: int | None, patterns: list[str], json_path: Path | None
+) -> tuple[int, int]:
+    """The trtllm_comm checks over ranks; returns how many rows passed and how many failed
+    (one more when the module did not come from the jit-cache package)."""
     import torch
     import torch.multiprocessing as mp
 
@@ -315,6 +377,9 @@ def verify_comm(world_size: int | None, patterns: list[str], json_path: Path | N
     )
 
     cases = [c for c in default_cases(world_size) if c.pattern in (patterns or PATTERNS)]
+    if not has_custom_allreduce():
+        print("custom_lamport_norm: not run; this FlashInfer has no custom allreduce")
+        cases = [c for c in cases if c.pattern != "custom_lamport_norm"]
     scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"verify_gpu-{os.getpid()}"
     mp.spawn(
         _run_rank,
@@ -363,4 +428,4 @@ def verify_comm(world_size: int | None, patterns: list[str], json_path: Path | N
                 indent=2,
             )
         )
-    return failed + (not from_package)
+    return len(rows) - failed, failed + (not from_package)

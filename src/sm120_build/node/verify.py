@@ -199,20 +199,23 @@ def _verify(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     rows = serving_rows(modules, module_archs(provenance))
     print_rows(rows)
-    comm_failed = 0
+    ranked_passed = ranked_failed = 0  # rows of the all-reduces, over all ranks
     if "trtllm_comm" in modules:
         comm_json = args.json.with_suffix(".comm.json") if args.json else None
-        comm_failed = verify_comm_rows(args, comm_json)
+        passed, failed_here = verify_comm_rows(args, comm_json)
+        ranked_passed, ranked_failed = ranked_passed + passed, ranked_failed + failed_here
     if "pcie_ipc_comm" in modules:
-        comm_failed += verify_pcie_rows(args)
+        passed, failed_here = verify_pcie_rows(args)
+        ranked_passed, ranked_failed = ranked_passed + passed, ranked_failed + failed_here
     counts = summary(rows)
     print("\nper recipe:")
     for recipe, per in sorted(counts.items()):
         print(f"  {recipe:<24} " + ", ".join(f"{n} {status}" for status, n in sorted(per.items())))
-    failed = sum(1 for row in rows if row.status == FAIL) + comm_failed
+    failed = sum(1 for row in rows if row.status == FAIL) + ranked_failed
     ran = sum(1 for row in rows if row.status in (PASS, FAIL)) + len(RANKED & set(modules))
+    passed = sum(1 for r in rows if r.status == PASS) + ranked_passed
     print(
-        f"\n{sum(1 for r in rows if r.status == PASS)} passed, {failed} failed, "
+        f"\n{passed} passed, {failed} failed, "
         f"{sum(1 for r in rows if r.status == NOT_RUNNABLE)} not runnable on this GPU, "
         f"{sum(1 for r in rows if r.status == NO_CHECK)} without a check; "
         f"{time.perf_counter() - started:.1f} s"
@@ -224,14 +227,16 @@ def _verify(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def verify_comm_rows(args: argparse.Namespace, json_path: Path | None) -> int:
+def verify_comm_rows(args: argparse.Namespace, json_path: Path | None) -> tuple[int, int]:
+    """trtllm_comm over ranks (node/comm.py): the rows passed and failed."""
     from .comm import verify_comm
 
     return verify_comm(args.world_size, args.pattern or [], json_path)
 
 
-def verify_pcie_rows(args: argparse.Namespace) -> int:
-    """FlashInfer 0.7's PCIe all-reduce over ranks (node/pcie.py); the failed rows."""
+def verify_pcie_rows(args: argparse.Namespace) -> tuple[int, int]:
+    """FlashInfer 0.7's PCIe all-reduce over ranks (node/pcie.py): the rows passed and
+    failed."""
     import torch
 
     from .pcie import run_pcie_checks
@@ -245,7 +250,8 @@ def verify_pcie_rows(args: argparse.Namespace) -> int:
             f"  {status:<4} rank {row['rank']} {row['case']}: max abs error "
             f"{row['max_abs_error']:.3g} (allowed {row['max_allowed']:.3g})"
         )
-    return sum(1 for row in rows if not row["passed"])
+    failed = sum(1 for row in rows if not row["passed"])
+    return len(rows) - failed, failed
 
 
 if __name__ == "__main__":
