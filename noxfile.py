@@ -130,7 +130,8 @@ def _install(session: nox.Session, *requirements: str, project: bool = True) -> 
         session.log("the environment holds these pins and this source already: not installing")
         return
     session.log(f"installing {len(requirements)} pinned requirement(s) (minutes the first time)")
-    session.install(*(["."] if project else []), *requirements)
+    # pip's own lines (Collecting, Downloading with sizes) are the progress of a long install.
+    session.install(*(["."] if project else []), *requirements, silent=False)
     if stamp is not None:
         stamp.write_text(wanted)
 
