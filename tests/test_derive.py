@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,16 @@ from sm120_build.pins import read_toml
 from sm120_build.profiles import load
 
 from .conftest import REPO
+
+
+def tomllib_loads(text: str) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    loaded: dict[str, Any] = tomllib.loads(text)
+    return loaded
+
 
 PREFILL = (
     "flashinfer.jit.attention.modules:gen_batch_prefill_module('fa2', torch.bfloat16, "
@@ -221,3 +232,252 @@ def test_a_call_a_hand_written_recipe_makes_is_named_by_it() -> None:
     )
     assert "\n[modules." not in text  # nothing defined twice
     assert text.count('"fp4_quantization_120",') == 2  # once in the profile, once in the union
+
+
+TRTLLM_GEN = "flashinfer.jit.fused_moe:gen_trtllm_gen_fused_moe_sm100_module()"
+
+
+def test_a_configuration_that_asks_for_a_module_its_gpu_cannot_build_is_not_served(
+    tmp_path: Path,
+) -> None:
+    """gpt-oss at sglang's defaults on SM12x asked for trtllm-gen's fused MoE, which
+    FlashInfer builds for major 10 only: it used to be written as an ordinary module of
+    its profile and of `served`, and the build failed later. Now the configuration is
+    listed as not servable, with the call, FlashInfer's reason and sglang's call site."""
+    mha = PREFILL.format(qk=64, vo=64)
+    refused = {
+        **answer(mha, TRTLLM_GEN),
+        "unavailable": [
+            {
+                "call": TRTLLM_GEN,
+                "defined_at": "flashinfer/jit/fused_moe.py:1",
+                "loaded_by": ["sglang/srt/layers/quantization/mxfp4.py:9 apply"],
+                "reason": "RuntimeError: No supported CUDA architectures found for major "
+                "versions [10].",
+            }
+        ],
+    }
+    text = render(
+        [served("llama"), served("gpt-oss")],
+        {"llama": answer(PREFILL.format(qk=128, vo=128)), "gpt-oss": refused},
+        "0.5.9",
+    )
+    (tmp_path / "profiles-derived.toml").write_text(text)
+    data = read_toml(tmp_path / "profiles-derived.toml")
+    assert set(data["profiles"]) == {"llama", "served"}
+    assert recipe_name(TRTLLM_GEN) not in data["modules"]
+    assert recipe_name(mha) not in data["modules"]
+    (entry,) = data["not_servable"]["gpt-oss"]["cannot_build"]
+    assert entry["call"] == TRTLLM_GEN
+    assert entry["loaded_by"] == ["sglang/srt/layers/quantization/mxfp4.py:9 apply"]
+    assert "major versions [10]" in entry["reason"]
+    assert data["profiles"]["served"]["description"].endswith(": llama")
+
+
+def test_a_configuration_not_derived_now_keeps_what_the_file_held(tmp_path: Path) -> None:
+    """`--config NAME`, or a replay that failed: the other configurations' profiles, their
+    recipes and their not-servable entries stay as the file had them, and the union is made
+    again over all of them."""
+    one, two = PREFILL.format(qk=128, vo=128), PREFILL.format(qk=64, vo=64)
+    first = render(
+        [served("one"), served("two")], {"one": answer(one), "two": answer(two)}, "0.5.9"
+    )
+    previous = tomllib_loads(first)
+    newer = PREFILL.format(qk=256, vo=256)
+    again = render([served("one"), served("two")], {"one": answer(newer)}, "0.5.9", None, previous)
+    data = tomllib_loads(again)
+    assert data["profiles"]["two"] == previous["profiles"]["two"]
+    assert data["modules"][recipe_name(two)] == previous["modules"][recipe_name(two)]
+    assert data["profiles"]["one"]["modules"] == [recipe_name(newer)]
+    assert recipe_name(one) not in data["modules"]  # nothing of one's old profile is left
+    assert data["profiles"]["served"]["modules"] == [recipe_name(newer), recipe_name(two)]
+    # Rendering again with the same inputs gives the same file.
+    assert (
+        render([served("one"), served("two")], {"one": answer(newer)}, "0.5.9", None, data) == again
+    )
+
+
+def test_a_draft_model_path_must_hold_a_model(tmp_path: Path) -> None:
+    """speculative_draft_model_path used to be passed through unread: a path to nothing
+    gave the same profile as a real draft."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "served-models.toml").write_text(
+        '[models.a]\nmodel = "m"\narch = "12.0"\n'
+        'server_args = { speculative_algorithm = "EAGLE", speculative_draft_model_path = "d" }\n'
+    )
+    with pytest.raises(UserError, match=r"speculative_draft_model_path = .*/d holds no config"):
+        load_served(tmp_path)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text("{}")
+    (only,) = load_served(tmp_path)
+    assert only.server_args["speculative_draft_model_path"] == str(tmp_path / "d")
+
+
+def test_the_replays_stand_in_factories_keep_the_meta_device() -> None:
+    """Weights built under torch.device("meta") stayed shapes only until the replay's
+    stand-in factories (which send device="cuda" to the host) replaced torch.empty & co.:
+    the meta context then no longer knew the real factories, and every weight was allocated
+    on the host, in full (gpt-oss-120b: killed at 22 GB)."""
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import replay, torch\n"
+        "replay._virtual_gpu((12, 0))\n"
+        "with torch.device('meta'):\n"
+        "    made = [torch.nn.Linear(4, 4).weight, torch.empty(3, device='cuda'),\n"
+        "            torch.zeros(2, device='cuda:0', dtype=torch.bfloat16), torch.ones(2)]\n"
+        "outside = [torch.empty(2, device='cuda'), torch.zeros(2)]\n"
+        "print(' '.join(t.device.type for t in made + outside))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(REPO / "src" / "sm120_build" / "derive")],
+        capture_output=True,
+        text=True,
+    )
+    if "No module named 'torch'" in result.stderr:
+        pytest.skip("torch is not installed in this Python (tests_fast on other Pythons)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["meta"] * 4 + ["cpu"] * 2
+
+
+def gpt_oss_config() -> dict[str, Any]:
+    """gpt-oss-120b's config.json, as the checkpoint ships it (no weights are read)."""
+    return {
+        "architectures": ["GptOssForCausalLM"],
+        "attention_bias": True,
+        "eos_token_id": 200002,
+        "experts_per_token": 4,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "hidden_size": 2880,
+        "initial_context_length": 4096,
+        "intermediate_size": 2880,
+        "layer_types": ["sliding_attention", "full_attention"] * 18,
+        "max_position_embeddings": 131072,
+        "model_type": "gpt_oss",
+        "num_attention_heads": 64,
+        "num_experts_per_tok": 4,
+        "num_hidden_layers": 36,
+        "num_key_value_heads": 8,
+        "num_local_experts": 128,
+        "pad_token_id": 199999,
+        "quantization_config": {
+            "modules_to_not_convert": [
+                "model.layers.*.self_attn",
+                "model.layers.*.mlp.router",
+                "model.embed_tokens",
+                "lm_head",
+            ],
+            "quant_method": "mxfp4",
+        },
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "factor": 32.0,
+            "original_max_position_embeddings": 4096,
+            "rope_type": "yarn",
+            "truncate": False,
+        },
+        "rope_theta": 150000,
+        "sliding_window": 128,
+        "swiglu_limit": 7.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 201088,
+    }
+
+
+def eagle_draft_config() -> dict[str, Any]:
+    """A one-layer EAGLE draft for Llama-3.1-8B, in float16 (as EAGLE-LLaMA3.1-Instruct-8B)."""
+    return {
+        "architectures": ["LlamaForCausalLMEagle"],
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 2048,
+        "model_type": "llama",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 1,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "vocab_size": 128256,
+    }
+
+
+@pytest.mark.slow
+def test_configurations_outside_the_served_file(tmp_path: Path) -> None:
+    """The replay on configurations the checked-in file does not hold, with sglang 0.5.9's
+    own code: gpt-oss-120b at TP 8 asks for trtllm-gen's fused MoE (FlashInfer builds it for
+    major 10 only), so it is not servable, named with sglang's call site; at TP 1 the
+    replay cannot reach its MoE kernels, so that configuration fails by name while the
+    others are derived; a float16 EAGLE draft adds its own f16 prefill module. Then
+    `--config` re-derives one configuration and keeps the rest as the file held them."""
+    import json
+
+    from sm120_build import pins, pipeline
+    from sm120_build.derive import DERIVED_FILE, derive_profiles
+    from sm120_build.layout import Layout
+
+    repo = Layout.from_root(REPO)
+    pinned = pins.load(repo.pins_file)
+    pipeline.vendor_all(repo, pinned)  # the replay runs the patched trees, as the CLI does
+    stack = tmp_path / "stack"
+    stack.mkdir()
+    for name in ("pins.toml", "profiles.toml"):
+        shutil.copy(REPO / name, stack)
+    (stack / "vendor").symlink_to(repo.vendor)
+    shutil.copytree(REPO / "models" / "llama-3.1-8b-instruct", stack / "llama")
+    for name, config in (("gpt-oss", gpt_oss_config()), ("draft", eagle_draft_config())):
+        (stack / name).mkdir()
+        (stack / name / "config.json").write_text(json.dumps(config))
+    (stack / "served-models.toml").write_text(
+        '[models.llama]\nmodel = "llama"\narch = "12.0"\nserver_args = { tp_size = 1 }\n'
+        '[models.llama-eagle]\nmodel = "llama"\narch = "12.0"\nserver_args = { tp_size = 1, '
+        'speculative_algorithm = "EAGLE", speculative_draft_model_path = "draft", '
+        "speculative_num_steps = 3, speculative_eagle_topk = 1, "
+        "speculative_num_draft_tokens = 4 }\n"
+        '[models.gpt-oss-tp8]\nmodel = "gpt-oss"\narch = "12.0"\nserver_args = { tp_size = 8 }\n'
+        '[models.gpt-oss-tp1]\nmodel = "gpt-oss"\narch = "12.0"\nserver_args = { tp_size = 1 }\n'
+    )
+    layout = Layout(root=REPO, cache=repo.cache, stack_dir=stack)
+
+    assert derive_profiles(layout, pinned, False, []) == 1
+    data = read_toml(stack / DERIVED_FILE)
+    assert set(data["profiles"]) == {"llama", "llama-eagle", "served"}
+    (refused,) = data["not_servable"]["gpt-oss-tp8"]["cannot_build"]
+    assert refused["call"] == TRTLLM_GEN
+    assert "major versions [10]" in refused["reason"]
+    assert any(
+        site.startswith("sglang/srt/layers/quantization/mxfp4.py:") for site in refused["loaded_by"]
+    )
+    assert "gpt-oss-tp1" not in data["not_servable"]
+    calls = {
+        name: data["modules"][name]["call"]
+        for name in data["profiles"]["llama-eagle"]["modules"]
+        if name in data["modules"]
+    }
+    float16 = [
+        c for c in calls.values() if "gen_batch_prefill_module" in c and "torch.float16" in c
+    ]
+    assert float16, calls
+    assert not [
+        n
+        for n in data["profiles"]["llama"]["modules"]
+        if "torch.float16" in data["modules"].get(n, {}).get("call", "")
+    ]
+    served = data["profiles"]["served"]["modules"]
+    assert recipe_name(TRTLLM_GEN) not in served and recipe_name(float16[0]) in served
+
+    # One configuration again: the file is the same, and the others were not replayed.
+    before = (stack / DERIVED_FILE).read_text()
+    assert derive_profiles(layout, pinned, False, ["llama"]) == 0
+    assert (stack / DERIVED_FILE).read_text() == before
+    with pytest.raises(
+        UserError, match=r"no configuration 'nope' in served-models.toml \(known: llama"
+    ):
+        derive_profiles(layout, pinned, True, ["nope"])

@@ -261,7 +261,7 @@ def _publish(layout: Layout, args: argparse.Namespace) -> None:
 def _derive_profiles(layout: Layout, args: argparse.Namespace) -> int:
     pinned = pins.load(layout.pins_file)
     pipeline.vendor_all(layout, pinned)  # the replay runs the patched trees
-    return derive.derive_profiles(layout, pinned, args.check)
+    return derive.derive_profiles(layout, pinned, args.check, args.config)
 
 
 def _lock_node(layout: Layout, args: argparse.Namespace) -> None:
@@ -469,6 +469,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--check",
         action="store_true",
         help=f"compare with {derive.DERIVED_FILE} instead of writing it; exit 1 if it differs",
+    )
+    sub.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"derive only this configuration of {derive.SERVED_FILE} (repeatable); the "
+        "others keep what the file holds. A configuration that fails or is not servable on "
+        "its GPU is named, the others are derived, and the exit status is 1",
     )
     sub.set_defaults(run=_derive_profiles, locks_cache=True)
 

@@ -30,7 +30,10 @@ What stands in for what this machine lacks, and nothing else:
   and do nothing; DeepGEMM's calls are recorded, then run (both compile on the node at first
   use, outside any wheel: FIRST_USE). A step that fails past a recorded request (a stand-in
   returned nothing, or the step needs a real device) is reported on stderr and the replay
-  goes on.
+  goes on; one that fails before any request is UNREACHED, and fails the configuration;
+- the arch check: each FlashInfer generator the replay records is also called, as the build
+  will call it (it makes the module's spec and sources, nothing compiles); one that raises
+  for this arch is UNAVAILABLE, and the configuration is not servable on it.
 
 This file imports nothing of sm120_build: it runs in another Python.
 """
@@ -42,10 +45,42 @@ import functools
 import inspect
 import json
 import sys
+import traceback
 from types import SimpleNamespace
 from typing import Any
 
 REQUESTED: dict[str, dict[str, Any]] = {}
+# FlashInfer generator calls that raise for the configuration's arch (FlashInfer's own arch
+# filters, such as get_nvcc_flags_list(supported_major_versions=[10])): sglang asks for a
+# module no build can make for this GPU, so the configuration is not servable there.
+UNAVAILABLE: dict[str, dict[str, Any]] = {}
+_GENERATING: list[str] = []  # the generator call being made for real, if any
+# Steps that raised before asking for any kernel: what they would have asked for is unknown,
+# so the configuration's profile cannot be called complete (derive/__init__.py fails it).
+UNREACHED: list[dict[str, str]] = []
+_ASKED = [0]  # kernel requests so far (modules, Triton launches, DeepGEMM calls)
+
+
+@contextlib.contextmanager
+def _step(name: str) -> Any:
+    """One step of the replay. Past its first kernel request, an error is the stand-ins'
+    (a stand-in kernel returned nothing; the step needs a real device): it is reported on
+    stderr and the replay goes on. Before any request, the step never reached its kernels:
+    recorded in UNREACHED, with where it stopped."""
+    asked = _ASKED[0]
+    try:
+        yield
+    except Exception as exc:
+        print(f"{name}: {exc!r}", file=sys.stderr)
+        # An op of sgl_kernel's with no meta kernel: the step reached a prebuilt kernel,
+        # which nothing compiles on the node.
+        prebuilt = "sgl_kernel::" in str(exc)
+        if _ASKED[0] == asked and not prebuilt:
+            frames = traceback.extract_tb(exc.__traceback__)
+            where = _where(frames[-1].filename, frames[-1].lineno or 0) if frames else "?"
+            UNREACHED.append({"step": name, "error": f"{type(exc).__name__}: {exc}", "at": where})
+
+
 # What compiles on the node at first use outside FlashInfer's and sglang's JIT, which no
 # wheel of ours can carry: Triton kernels (Triton's own JIT and ptxas) and DeepGEMM's ops
 # (DeepGEMM's JIT, with nvcc or NVRTC).
@@ -92,12 +127,26 @@ def _virtual_gpu(arch: tuple[int, int]) -> None:
         @functools.wraps(factory)
         def make(*args: Any, **kwargs: Any) -> Any:
             kwargs.pop("pin_memory", None)
-            if "device" in kwargs and str(kwargs["device"]).startswith("cuda"):
-                kwargs["device"] = torch.get_default_device()
-            return factory(*args, **kwargs)
+            if str(kwargs.get("device")).startswith("cuda"):
+                # As if no device were given: the ambient one decides, the meta device
+                # inside the model's constructor (weights stay shapes), the host elsewhere.
+                del kwargs["device"]
+            made = factory(*args, **kwargs)
+            if factory.__name__.startswith("empty") and made.device.type == "cpu":
+                # What a stand-in kernel never fills (the KV index arrays Triton computes)
+                # holds zeros, valid indices, not whatever the memory held before.
+                made.zero_()
+            return made
 
         return make
 
+    # torch.device("meta") as a context sets the device of the factories it knows, a set it
+    # builds from torch.empty & co. at first use: build it now, from the real ones, or it
+    # would hold these wrappers, miss the real factories they call, and every weight would
+    # land on the host.
+    import torch.utils._device
+
+    torch.utils._device._device_constructors()
     for name in ("empty", "zeros", "ones", "full", "arange", "tensor", "empty_like", "zeros_like"):
         setattr(torch, name, on_host(getattr(torch, name)))
 
@@ -172,6 +221,7 @@ def _callers() -> list[str]:
 
 
 def _first_use(name: str, defined_at: str) -> None:
+    _ASKED[0] += 1
     entry = FIRST_USE.setdefault(name, {"name": name, "defined_at": defined_at, "loaded_by": []})
     for site in _callers()[:1]:  # sglang's frame; the library's frames are Triton's or DeepGEMM's
         if site not in entry["loaded_by"]:
@@ -186,10 +236,16 @@ def _argument(value: Any) -> str:
 
 class _Module:
     """A loaded module whose every function does nothing; its plan is an empty one, which
-    the wrappers' run() only checks is there (flashinfer/prefill.py, decode.py)."""
+    the wrappers' run() only checks is there (flashinfer/prefill.py, decode.py). A call of
+    one reaches a kernel, and counts as a request: FlashInfer caches a loaded module, so a
+    step that runs one an earlier step loaded asks the generator for nothing."""
 
     def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: [] if name == "plan" else None
+        def function(*args: Any, **kwargs: Any) -> Any:
+            _ASKED[0] += 1
+            return [] if name == "plan" else None
+
+        return function
 
 
 class _Spec:
@@ -200,9 +256,15 @@ class _Spec:
         return "/nonexistent"
 
 
-def _recorder(function: Any, result: Any) -> Any:
+def _recorder(function: Any, result: Any, generate: bool) -> Any:
+    """`function` recorded instead of compiled; with `generate`, also called, as the build
+    will call it (it only makes the module's spec and sources), to see that it can be made
+    for this arch."""
+
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
+        if _GENERATING:  # a generator the probed one calls: part of it, not sglang's request
+            return inspect.unwrap(function)(*args, **kwargs)
         arguments = [_argument(v) for v in args] + [
             f"{k}={_argument(v)}" for k, v in kwargs.items()
         ]
@@ -210,19 +272,31 @@ def _recorder(function: Any, result: Any) -> Any:
         original = inspect.unwrap(function)
         source = inspect.getsourcefile(original) or "?"
         line = inspect.getsourcelines(original)[1]
+        _ASKED[0] += 1
+        new = text not in REQUESTED
         entry = REQUESTED.setdefault(
             text, {"call": text, "defined_at": _where(source, line), "loaded_by": []}
         )
         for site in _callers():
             if site not in entry["loaded_by"]:
                 entry["loaded_by"].append(site)
+        if generate and new:
+            _GENERATING.append(text)
+            try:
+                original(*args, **kwargs)
+            except Exception as exc:
+                UNAVAILABLE[text] = {**entry, "reason": f"{type(exc).__name__}: {exc}"}
+            finally:
+                _GENERATING.pop()
+        if text in UNAVAILABLE:
+            UNAVAILABLE[text]["loaded_by"] = entry["loaded_by"]
         return result()
 
     vars(call)["_sm120_recorder"] = True
     return call
 
 
-def _intercept(prefix: str, wanted: Any, result: Any) -> None:
+def _intercept(prefix: str, wanted: Any, result: Any, generate: bool = False) -> None:
     """Replace every function of modules under `prefix` that `wanted` picks, wherever it was
     imported to, by a recorder."""
     originals = {}
@@ -236,7 +310,7 @@ def _intercept(prefix: str, wanted: Any, result: Any) -> None:
                     and not getattr(value, "_sm120_recorder", False)
                 ):
                     originals[id(value)] = value
-    wrapped = {key: _recorder(function, result) for key, function in originals.items()}
+    wrapped = {key: _recorder(function, result, generate) for key, function in originals.items()}
     for name, module in list(sys.modules.items()):
         if (name.startswith("flashinfer") or name.startswith("sglang")) and module is not None:
             for attribute, value in list(vars(module).items()):
@@ -261,7 +335,12 @@ def _intercept_compilation(arch: tuple[int, int]) -> None:
     # gen_*_module* anywhere in FlashInfer (some live beside their ops, as fp4_quantization's;
     # some name their variant last, as gen_gemm_sm120_module_cutlass_fp4); the outermost call
     # is recorded, since a recorder does not call what it replaces.
-    _intercept("flashinfer", lambda name: name.startswith("gen_") and "_module" in name, _Spec)
+    _intercept(
+        "flashinfer",
+        lambda name: name.startswith("gen_") and "_module" in name,
+        _Spec,
+        generate=True,
+    )
     _intercept(
         "sglang.jit_kernel",
         lambda name: name.startswith("_jit_") and name.endswith("_module"),
@@ -301,22 +380,21 @@ def main() -> None:
     _virtual_gpu(arch)
     import sglang.srt.server_args as server_args
     import sglang.srt.utils.common as common
-    import torch
 
     common.get_nvgpu_memory_capacity = lambda: 97887.0  # MiB, as nvidia-smi reports
     server_args.get_device_memory_capacity = lambda device=None: 97887.0
     import sglang.jit_kernel.utils
+    import sglang.srt.configs.load_config
     import sglang.srt.distributed.parallel_state as parallel_state
     import sglang.srt.layers.attention.flashinfer_backend
-    import sglang.srt.layers.attention.flashinfer_mla_backend  # noqa: F401
-    from sglang.srt.configs.load_config import LoadConfig
-    from sglang.srt.configs.model_config import AttentionArch, ModelConfig
-    from sglang.srt.layers.radix_attention import RadixAttention
+    import sglang.srt.layers.attention.flashinfer_mla_backend
+    import sglang.srt.layers.radix_attention
+    import sglang.srt.model_executor.forward_batch_info
+    import sglang.srt.model_executor.model_runner
+    import sglang.srt.model_loader.loader
+    import sglang.srt.speculative.spec_info  # noqa: F401 (all imported before the interception)
+    from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-    from sglang.srt.model_executor.model_runner import ModelRunner
-    from sglang.srt.model_loader.loader import _get_quantization_config, _initialize_model
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     _intercept_compilation(arch)
     _meta_kernels_for_output_only_ops()
@@ -367,9 +445,63 @@ def main() -> None:
     from sglang.srt.layers.dp_attention import initialize_dp_attention
 
     initialize_dp_attention(args, model_config)  # as ModelRunner.init_torch_distributed does
+    runner, backend = _replay_model(args, model_config, tp, arch, draft=False)
+    if not runner.spec_algorithm.is_none() and args.speculative_draft_model_path:
+        # The draft model's own worker (speculative/eagle_worker.py: a TpModelWorker with
+        # is_draft_worker=True): its config, dtype and quantization, its attention backend
+        # (speculative_draft_attention_backend when set), its layers.
+        draft_config = ModelConfig.from_server_args(
+            args, model_path=args.speculative_draft_model_path, is_draft_model=True
+        )
+        _replay_model(args, draft_config, tp, arch, draft=True)
+    resolved = {
+        name: str(getattr(args, name))
+        for name in (
+            "attention_backend",
+            "kv_cache_dtype",
+            "moe_runner_backend",
+            "enable_flashinfer_allreduce_fusion",
+            "speculative_algorithm",
+            "quantization",
+            "tp_size",
+        )
+    }
+    resolved["kv_cache_torch_dtype"] = str(runner.kv_cache_dtype)
+    resolved["model_quantization"] = str(model_config.quantization)
+    resolved["attention_backend_class"] = type(backend).__name__
+    print(
+        json.dumps(
+            {
+                "resolved": resolved,
+                "requested": list(REQUESTED.values()),
+                "unavailable": list(UNAVAILABLE.values()),
+                "unreached": UNREACHED,
+                "first_use": list(FIRST_USE.values()),
+            }
+        )
+    )
+
+
+def _replay_model(args: Any, model_config: Any, tp: int, arch: Any, draft: bool) -> Any:
+    """One model's part of the replay (the target's, or the speculative draft's): its
+    constructor on the meta device, its ModelRunner's KV pool and attention backend, the
+    backend's plans and forward, its layers, first MoE block and fused allreduce; the
+    target's verify step over a draft tree. Returns the runner and its backend."""
+    import torch
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import AttentionArch
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.model_loader.loader import _get_quantization_config, _initialize_model
+    from sglang.srt.model_loader.utils import set_default_torch_dtype
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
     load_config = LoadConfig(load_format=args.load_format)
     quant_config = _get_quantization_config(model_config, load_config)
-    with torch.device("meta"):
+    # As sglang's loader builds it (model_loader/loader.py): in the model's dtype, where
+    # parameters that take the default dtype (unquantized layers) get it.
+    with set_default_torch_dtype(model_config.dtype), torch.device("meta"):
         model = _initialize_model(model_config, load_config, quant_config)
     _intercept_compilation(arch)
 
@@ -381,7 +513,7 @@ def main() -> None:
     runner.tp_size, runner.tp_rank, runner.pp_size, runner.pp_rank, runner.dp_size = tp, 0, 1, 0, 1
     runner.page_size, runner.is_draft_worker, runner.init_new_workspace = (
         args.page_size,
-        False,
+        draft,
         False,
     )
     runner.is_hybrid_swa = model_config.is_hybrid_swa
@@ -430,36 +562,13 @@ def main() -> None:
         forward = batch(mode, prefix)
         backend.init_forward_metadata(forward)
         _attend(runner, backend, attention, forward, torch)
-    if not runner.spec_algorithm.is_none():
+    if not draft and not runner.spec_algorithm.is_none():
         _verify_drafts(runner, backend, attention, batch(ForwardMode.DECODE, 16), torch)
 
     _exercise_layers(runner, model, attention, torch)
     _route_and_run_experts(runner, model, torch)
     _fuse_allreduce(runner, model, tp, torch)
-    resolved = {
-        name: str(getattr(args, name))
-        for name in (
-            "attention_backend",
-            "kv_cache_dtype",
-            "moe_runner_backend",
-            "enable_flashinfer_allreduce_fusion",
-            "speculative_algorithm",
-            "quantization",
-            "tp_size",
-        )
-    }
-    resolved["kv_cache_torch_dtype"] = str(runner.kv_cache_dtype)
-    resolved["model_quantization"] = str(model_config.quantization)
-    resolved["attention_backend_class"] = type(backend).__name__
-    print(
-        json.dumps(
-            {
-                "resolved": resolved,
-                "requested": list(REQUESTED.values()),
-                "first_use": list(FIRST_USE.values()),
-            }
-        )
-    )
+    return runner, backend
 
 
 def _attend(runner: Any, backend: Any, layer: Any, forward: Any, torch: Any) -> None:
@@ -471,10 +580,8 @@ def _attend(runner: Any, backend: Any, layer: Any, forward: Any, torch: Any) -> 
     k = torch.zeros(tokens, layer.tp_k_head_num, layer.qk_head_dim, dtype=runner.dtype)
     v = torch.zeros(tokens, layer.tp_v_head_num, layer.v_head_dim, dtype=runner.dtype)
     forward.token_to_kv_pool = runner.token_to_kv_pool
-    try:
+    with _step(f"attention {forward.forward_mode.name}"):
         backend.forward(q, k, v, layer, forward, save_kv_cache=False)
-    except Exception as exc:  # past its requests, a stand-in kernel returned nothing
-        print(f"attention {forward.forward_mode.name}: {exc!r}", file=sys.stderr)
 
 
 def _verify_drafts(runner: Any, backend: Any, layer: Any, decoded: Any, torch: Any) -> None:
@@ -560,37 +667,48 @@ def _exercise_layers(runner: Any, model: Any, attention: Any, torch: Any) -> Non
             positions = torch.tensor([0, 1])
             q = torch.zeros(2, head * 2, dtype=runner.dtype)
             key = torch.zeros(2, head, dtype=runner.dtype)
-            try:
+            with _step(f"rope {type(module).__name__}"):
                 module.forward_cuda(positions, q, key)
-            except (
-                Exception
-            ) as exc:  # the stand-in kernel returned nothing; the request is recorded
-                print(f"rope {type(module).__name__}: {exc!r}", file=sys.stderr)
         method = getattr(module, "quant_method", None)
         if isinstance(module, LinearBase) and method is not None and type(method) not in methods:
             methods.add(type(method))
-            try:
+            with _step(f"linear {type(method).__name__}"):
                 width = getattr(module, "input_size_per_partition", None) or module.input_size
                 x = torch.zeros(2, width, dtype=runner.dtype)
+                _materialize(module, torch)
                 method.process_weights_after_loading(module)
                 method.apply(module, x)
-            except Exception as exc:  # past its first kernel, a stand-in returned nothing
-                print(f"linear {type(method).__name__}: {exc!r}", file=sys.stderr)
         q_norm, k_norm = getattr(module, "q_norm", None), getattr(module, "k_norm", None)
         if q_norm is not None and k_norm is not None and hasattr(module, "head_dim"):
             head = module.head_dim
             q = torch.zeros(2, head, dtype=runner.dtype)
-            try:
+            with _step(f"qk-norm {type(module).__name__}"):
                 apply_qk_norm(q, q.clone(), q_norm, k_norm, head)
-            except Exception as exc:
-                print(f"qk-norm {type(module).__name__}: {exc!r}", file=sys.stderr)
+
+
+def _materialize(module: Any, torch: Any) -> None:
+    """The weights of the one layer a step runs, as zeros on the host: the model is built on
+    the meta device (shapes only; a whole model on the host takes tens of GB), but a
+    quantization method's post-load processing reads its layer's values (scales, .item()).
+    The parameters keep the attributes sglang hung on them (weight loaders, dims)."""
+    for name, parameter in list(module.named_parameters(recurse=False)):
+        if parameter.is_meta:
+            host = torch.nn.Parameter(
+                torch.zeros(parameter.shape, dtype=parameter.dtype, device="cpu"),
+                requires_grad=False,
+            )
+            vars(host).update(vars(parameter))
+            setattr(module, name, host)
+    for name, buffer in list(module.named_buffers(recurse=False)):
+        if buffer.is_meta:
+            setattr(module, name, torch.zeros(buffer.shape, dtype=buffer.dtype, device="cpu"))
 
 
 def _route_and_run_experts(runner: Any, model: Any, torch: Any) -> None:
     """The first MoE block, as its forward calls it (models/deepseek_v2.py DeepseekV2MoE,
     models/glm4_moe.py): the router's top-k over the gate's logits, then the experts'
-    FusedMoE.forward, whose quantization method picks the kernel (weights after their
-    post-load processing and inputs, all on the meta device)."""
+    FusedMoE.forward, whose quantization method picks the kernel (its weights on the host
+    for their post-load processing, its inputs on the meta device)."""
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
     from sglang.srt.layers.moe.topk import StandardTopKOutput, TopK
 
@@ -619,11 +737,10 @@ def _route_and_run_experts(runner: Any, model: Any, torch: Any) -> None:
             torch.zeros(2, top_k, dtype=torch.int32, device="meta"),
             logits,
         )
-    try:
+    with _step(f"moe experts {type(experts.quant_method).__name__}"):
+        _materialize(experts, torch)
         experts.quant_method.process_weights_after_loading(experts)
         experts.forward(hidden, routed)
-    except Exception as exc:  # past its first kernel, a stand-in returned nothing
-        print(f"moe experts {type(experts.quant_method).__name__}: {exc!r}", file=sys.stderr)
 
 
 def _fuse_allreduce(runner: Any, model: Any, tp: int, torch: Any) -> None:
@@ -647,10 +764,8 @@ def _fuse_allreduce(runner: Any, model: Any, tp: int, torch: Any) -> None:
     fusion.dist.get_rank = lambda group=None: 0
     norm.weight = torch.nn.Parameter(torch.zeros(norm.weight.shape, dtype=norm.weight.dtype))
     x = torch.zeros(tokens, norm.weight.shape[0], dtype=runner.dtype)
-    try:
+    with _step("allreduce fusion"):
         norm.forward_with_allreduce_fusion(x, x.clone())
-    except Exception as exc:  # past its request, the stand-in kernel returned nothing
-        print(f"allreduce fusion: {exc!r}", file=sys.stderr)
 
 
 if __name__ == "__main__":
