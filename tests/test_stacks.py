@@ -67,3 +67,26 @@ def test_a_stack_directory_that_pins_another_sglang_is_refused(tmp_path: Path) -
     shutil.copy(REPO / "pins.toml", root / "stacks" / "sglang-0.5.99")
     with pytest.raises(UserError, match=r"pins another sglang than sglang-0\.5\.99"):
         Layout.from_root(root, "sglang-0.5.99")
+
+
+def test_mutation_testing_copies_every_stacks_own_files() -> None:
+    """mutmut runs the tests in a copy of the checkout made from [tool.mutmut] also_copy:
+    a stack whose tracked files are not listed there fails its tests under mutmut only
+    (and every mutant they reach then counts as killed)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    also_copy = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mutmut"]["also_copy"]
+    tracked = subprocess.run(
+        ["git", "ls-files", "stacks"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert tracked, "git ls-files found no stack files"
+    uncovered = [
+        path
+        for path in tracked
+        if not any(
+            path == entry or (entry.endswith("/") and path.startswith(entry)) for entry in also_copy
+        )
+    ]
+    assert not uncovered, f"add to [tool.mutmut] also_copy: {uncovered}"
