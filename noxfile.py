@@ -269,6 +269,7 @@ def build_wheels(session: nox.Session) -> None:
     -- --cuda-home PATH              a system CUDA toolkit instead of the pinned pip one
     -- --base-jit-cache WHEEL        keep another jit-cache wheel's modules (checked first)
     -- --glibc-baseline X.Y          refuse a jit-cache wheel tagged for a newer glibc
+    -- --sign-key KEY                sign each wheel's provenance (Ed25519 PEM; or SM120_SIGN_KEY)
     {common}
     """
     _sm120_build(session, "build-wheels", *_compile_requirements(_tool_pins(session.posargs)))
@@ -321,9 +322,11 @@ def build_shard(session: nox.Session) -> None:
 def merge_shards(session: nox.Session) -> None:
     """Assemble the wheelhouse from all shards in shards/: the same bytes as build_wheels.
 
-    -- [--base-jit-cache WHEEL] [--glibc-baseline X.Y]. Refuses shards of different builds,
-    a missing or changed shard, or shards of another patch series than this checkout's; with
-    --glibc-baseline, a jit-cache wheel tagged for a newer glibc (naming the symbols).
+    -- [--base-jit-cache WHEEL] [--glibc-baseline X.Y] [--sign-key KEY: sign the merged
+    wheels' provenance, so that no shard's signature reaches a node]. Refuses shards of
+    different builds, a missing or changed shard, or shards of another patch series than
+    this checkout's; with --glibc-baseline, a jit-cache wheel tagged for a newer glibc
+    (naming the symbols).
     {common}
     """
     _sm120_build(session, "merge-shards", *_tool_pins(session.posargs)["build"])
@@ -354,6 +357,7 @@ def derive_profiles(session: nox.Session) -> None:
     FlashInfer and sglang's JIT for (docs/derive.md). The first run installs the pinned
     sglang's dependencies into the cache (several GB).
     -- [--check (compare instead of writing; exit 1 if it differs)]
+       [--config NAME (only this configuration, repeatable; the others keep the file's)]
     {common}
     """
     _sm120_build(session, "derive-profiles")
@@ -366,6 +370,8 @@ def lock_node(session: nox.Session) -> None:
     Resolved with uv from pip's configured sources.
     -- [--python-version X.Y (default 3.12)] [--platform ARCH-manylinux_2_Y (default: the
        newest manylinux tag of the wheelhouse's wheels)]
+    -- --pylock-index URL            instead: pylock.toml for node-lock.txt's target, from
+       that index alone, once publish --with-dependencies put the closure there
     {common}
     """
     _sm120_build(session, "lock-node", *_tool_pins(session.posargs)["publish"])
@@ -414,6 +420,7 @@ def verify_gpu(session: nox.Session) -> None:
     without dependencies, each checked against SHA256SUMS, then checks them with
     FLASHINFER_DISABLE_JIT=1; trtllm_comm over ranks (two share a single GPU).
     -- [--module NAME] [--profile NAME] [--pattern PATTERN] [--world-size N] [--json FILE]
+       [--trust-key KEY.pub (verify the wheels' signed provenance before installing)]
        [--verbose]
     """
     _run_on_this_node(session, "sm120_build.node.verify")
@@ -430,6 +437,7 @@ def node_check(session: nox.Session) -> None:
     wheels come from different patch series.
     -- [--arch 12.0 (no GPU here: check for that arch)] [--profile NAME (default: the
        recipes the jit-cache wheel was built from)] [--json FILE] [--verbose]
+       [--trust-key KEY.pub (verify the wheels' signed provenance before installing them)]
     """
     _run_on_this_node(session, "sm120_build.node.check")
 
@@ -443,6 +451,7 @@ def bench_gpu(session: nox.Session) -> None:
     wheelhouse/'s wheels there. --launch-cost instead times each patch-0004 launcher's host
     cost per eager call (one GPU is enough).
     -- [--world-size N (repeatable)] [--replays N] [--launch-cost] [--json FILE] [--verbose]
+       [--trust-key KEY.pub (verify the wheels' signed provenance before installing)]
     """
     _run_on_this_node(session, "sm120_build.node.bench_gpu")
 
@@ -502,7 +511,8 @@ def mutants(session: nox.Session) -> None:
         *_compile_requirements(pins),
         *pins["test"],
         *pins["publish"],
-        "packaging",
+        # The package's own requirements, as its install would bring them.
+        *nox.project.load_toml(ROOT / "pyproject.toml")["project"]["dependencies"],
         project=False,
     )
     shutil.rmtree(ROOT / "mutants", ignore_errors=True)  # results of other code would be reused

@@ -197,11 +197,37 @@ def module_tmp(
             shutil.rmtree(path, ignore_errors=True)
 
 
+def ed25519_key_pair(directory: Path) -> tuple[Path, Path]:
+    """A signing key and its public key in PEM, as `openssl genpkey -algorithm ed25519` and
+    `openssl pkey -pubout` write them: (private, public)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private, public = directory / "sign.key", directory / "sign.pub"
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return private, public
+
+
 @pytest.fixture(scope="session")
 def built_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One clean build of the default configuration (sm_120a, pinned toolkit)."""
-    root = fresh_root(tmp_path_factory.mktemp("first"))
-    build_wheels(root)
+    """One clean build of the default configuration (sm_120a, pinned toolkit), its
+    provenance signed with the key pair in the directory above it (sign.key, sign.pub)."""
+    base = tmp_path_factory.mktemp("first")
+    private, _ = ed25519_key_pair(base)
+    root = fresh_root(base)
+    build_wheels(root, "--sign-key", str(private))
     return root
 
 

@@ -6,6 +6,7 @@ environment with CPU torch, flashinfer-cubin and the built wheels.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -62,9 +63,24 @@ def shared_object(builds: tuple[Path, Path], module_tmp: Callable[[str], Path]) 
         )
 
 
+def envelope_subject(path: Path) -> list[dict[str, Any]]:
+    """The subject of a provenance envelope's statement (its payload is base64 JSON)."""
+    payload = json.loads(base64.b64decode(json.loads(path.read_text())["payload"]))
+    subject: list[dict[str, Any]] = payload["subject"]
+    return subject
+
+
 def test_wheelhouse_holds_our_four_wheels_the_cubin_and_their_hashes(builds: Any) -> None:
     root = builds[0]
-    names = sorted(p.name for p in (root / "wheelhouse").iterdir())
+    names = sorted(
+        p.name for p in (root / "wheelhouse").iterdir() if not p.name.endswith(".intoto.jsonl")
+    )
+    envelopes = sorted(p.name for p in (root / "wheelhouse").glob("*.intoto.jsonl"))
+    assert envelopes == sorted(
+        f"{name}.intoto.jsonl"
+        for name in names
+        if name.endswith(".whl") and not name.startswith("flashinfer_cubin")
+    )
     patterns = [
         r"SHA256SUMS",
         r"flashinfer_cubin-0\.6\.3-py3-none-any\.whl",
@@ -898,6 +914,9 @@ def test_shards_merge_to_the_single_machine_wheelhouse_byte_for_byte(
     merged = sorted((merge_root / "wheelhouse").iterdir())
     assert [p.name for p in merged] == [p.name for p in single]
     for ours, theirs in zip(merged, single, strict=True):
+        if ours.name.endswith(".intoto.jsonl"):  # provenance: each run's own times and id
+            assert envelope_subject(ours) == envelope_subject(theirs), ours.name
+            continue
         assert ours.read_bytes() == theirs.read_bytes(), ours.name
 
 

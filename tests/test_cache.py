@@ -31,7 +31,7 @@ def test_a_planted_symlink_is_never_used_as_a_lock(tmp_path: Path) -> None:
     assert not (tmp_path / "victim").exists()
 
 
-def test_a_waiting_run_names_the_holders_pid(
+def test_a_waiting_run_names_the_holders_pid_and_checkout(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     holder = subprocess.Popen(
@@ -52,7 +52,7 @@ def test_a_waiting_run_names_the_holders_pid(
     holder.wait()
     holder.stdout.close()
     assert waited > 0.5
-    assert f"(pid {holder.pid})" in capfd.readouterr().err
+    assert f"(pid {holder.pid}, in {Path.cwd()})" in capfd.readouterr().err
 
 
 def test_the_next_run_removes_what_an_interrupted_one_left(tmp_path: Path) -> None:

@@ -136,3 +136,13 @@ def test_a_manual_run_publishes_only_when_asked(
         value = leg["with"]["publish"]
         assert value.startswith("${{ ") and value.endswith(" }}")
         assert bool(github_expression(value[4:-3], context)) is expected
+
+
+def test_the_merge_signs_with_the_release_key_and_no_shard_does() -> None:
+    """Per-shard signatures never reach a node: only the merge has the key."""
+    leg = jobs(REPO / "ci" / "github" / "workflows" / "leg.yml")
+    (merge,) = [step for step in leg["merge"]["steps"] if "run" in step]
+    assert merge["env"]["SM120_SIGN_KEY"] == "${{ secrets.SM120_SIGN_KEY }}"
+    for name, job in leg.items():
+        if name != "merge":
+            assert "SM120_SIGN_KEY" not in str(job), name

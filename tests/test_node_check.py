@@ -337,7 +337,8 @@ def test_help_names_every_option_and_what_it_does(capsys: pytest.CaptureFixture[
     text = " ".join(out.split())
     assert text.startswith(
         "usage: node_check [-h] [--arch MAJOR.MINOR] [--profile NAME] [--json JSON] "
-        "[--install DIR] [--verbose] `sm120-node-check` (or `nox -s node_check` from a "
+        "[--install DIR] [--trust-key KEY.pub] [--verbose] `sm120-node-check` (or `nox -s "
+        "node_check` from a "
         "checkout): on a serving node, prove that FlashInfer and sglang will not JIT-compile."
     )
     # The description's list stays a list (it used to be flattened into one paragraph).
@@ -349,6 +350,8 @@ def test_help_names_every_option_and_what_it_does(capsys: pytest.CaptureFixture[
         "of what the wheel was built from",
         "--json JSON": "also write the findings to this file",
         "--install DIR": "first install DIR's wheels into this Python",
+        "--trust-key KEY.pub": "the Ed25519 public key (PEM) our wheels' provenance envelopes "
+        "must be signed with",
         "--verbose": "show the traceback of an unexpected error",
     }.items():
         assert f"{option} {says}" in text

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from sm120_build.node_lock import Target, parse_pins, platform_of
 from sm120_build.sums import checked_wheels
 
 from .conftest import installed_versions, small_wheel, wheel_in, wheelhouse_project
-from .test_publish import hash_checked_install
+from .test_publish import hash_checked_install, index, publish  # noqa: F401 (index: a fixture)
 
 pytestmark = pytest.mark.slow  # fresh virtual environments, real uv and pip
 
@@ -196,3 +197,121 @@ def test_a_wheelhouse_with_its_companion_installs_alone_and_locks(tmp_path: Path
         refused.stderr
     )
     assert not (unpinned / "wheelhouse" / "node-lock.txt").exists()
+
+
+def test_pylock_from_the_published_index_installs_with_uv_and_pip(
+    closure: dict[str, Path],
+    index: Any,  # noqa: F811 (the fixture imported above)
+) -> None:
+    """lock-node, publish --with-dependencies to a pypiserver (fallback off), then
+    lock-node --pylock-index: uv's pylock.toml names that index's files, pins what
+    node-lock.txt pins, and installs with `uv pip sync` and with pip's `-r pylock.toml`
+    into fresh venvs. A hash edited in it makes both refuse."""
+    from sm120_build.pins import read_toml
+
+    assert sm120_build(closure, "lock-node", "--python-version", "3.11").returncode == 0
+    early = sm120_build(closure, "lock-node", "--pylock-index", index.simple)
+    assert early.returncode == 1
+    assert "(publish the closure there first: publish --with-dependencies)" in early.stderr
+    assert not (closure["root"] / "wheelhouse" / "pylock.toml").exists()
+    published = publish(
+        closure["root"],
+        "--repository-url",
+        index.upload,
+        "--index-url",
+        index.simple,
+        "--with-dependencies",
+        find_links=closure["links"],
+    )
+    assert published.returncode == 0, published.stderr
+    made = sm120_build(closure, "lock-node", "--pylock-index", index.simple)
+    assert made.returncode == 0, made.stderr
+    pylock = closure["root"] / "wheelhouse" / "pylock.toml"
+    data = read_toml(pylock)
+    lock = {
+        pin.name: pin
+        for pin in parse_pins((closure["root"] / "wheelhouse" / "node-lock.txt").read_text())
+    }
+    assert {p["name"] for p in data["packages"]} == set(lock)
+    for package in data["packages"]:
+        (file,) = package["wheels"]
+        assert file["url"].startswith(index.simple.rsplit("/simple", 1)[0])
+        assert (file["hashes"]["sha256"],) == lock[package["name"]].hashes
+
+    node_env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(closure["tmp"]),
+        "PIP_CONFIG_FILE": os.devnull,
+    }
+    uv_venv = closure["tmp"] / "uv-node"
+    subprocess.run(
+        [sys.executable, "-m", "uv", "venv", "-q", "-p", sys.executable, str(uv_venv)], check=True
+    )
+    synced = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "uv",
+            "pip",
+            "sync",
+            "--no-config",
+            "-p",
+            str(uv_venv / "bin/python"),
+            str(pylock),
+        ],
+        env=node_env,
+        capture_output=True,
+        text=True,
+    )
+    assert synced.returncode == 0, synced.stderr
+    version = subprocess.run(  # uv's venv has no pip: ask the installed metadata
+        [
+            str(uv_venv / "bin/python"),
+            "-c",
+            "import importlib.metadata as m; print(m.version('gamma-pkg'))",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert version.stdout.strip() == "3.0", version.stderr
+
+    def pip_node(name: str) -> Path:
+        """A fresh venv with a pip that reads pylock.toml (26.1 and later)."""
+        python = fresh_venv(closure["tmp"] / name)
+        upgraded = subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", "pip==26.3"],
+            capture_output=True,
+            text=True,
+        )
+        assert upgraded.returncode == 0, upgraded.stderr
+        return python
+
+    python = pip_node("pip-node")
+    installed = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "-r", str(pylock)],
+        env=node_env,
+        capture_output=True,
+        text=True,
+    )
+    assert installed.returncode == 0, installed.stderr
+    assert installed_versions(python, node_env)["alpha-pkg"] == "1.0+sm120.pabc12345"
+
+    gamma = lock["gamma-pkg"].hashes[0]
+    pylock.write_text(pylock.read_text().replace(gamma, "0" * 64))
+    for command in (
+        [
+            sys.executable,
+            "-m",
+            "uv",
+            "pip",
+            "sync",
+            "--no-config",
+            "-p",
+            str(fresh_venv(closure["tmp"] / "uv2")),
+            str(pylock),
+        ],
+        [str(pip_node("pip2")), "-m", "pip", "install", "-r", str(pylock)],
+    ):
+        refused = subprocess.run(command, env=node_env, capture_output=True, text=True)
+        assert refused.returncode != 0
+        assert "hash" in (refused.stdout + refused.stderr).lower()

@@ -556,3 +556,120 @@ def test_publishes_what_build_wheels_produced(
     for name, version in required_versions(root).items():
         assert installed[name] == version
     assert "flashinfer-cubin" in installed
+
+
+def test_the_verifying_node_recipe_installs_the_signed_build_and_refuses_a_swap(
+    built_project: Path, index: Any, tmp_path: Any
+) -> None:
+    """README's verifying recipe, on the real signed build: publish to the index (fallback
+    off) and a static tree; on the node, the wheels from the index, the lock directory from
+    the tree, sm120-verify-provenance, then pip from the verified files alone. A wheel
+    swapped on the index after signing is refused, and nothing is installed."""
+    root = tmp_path / "published"
+    root.mkdir()
+    shutil.copy(REPO / "pins.toml", root)
+    shutil.copytree(built_project / "wheelhouse", root / "wheelhouse")
+    uploaded = publish(root, "--repository-url", index.upload, "--index-url", index.simple)
+    assert uploaded.returncode == 0, uploaded.stderr
+    assert "provenance envelopes not uploaded: an index takes distributions only" in (
+        uploaded.stderr
+    )
+    static = publish(root, "--static", str(tmp_path / "static"))
+    assert static.returncode == 0, static.stderr
+    (lock_dir,) = (tmp_path / "static" / "locks").iterdir()
+    key = built_project.parent / "sign.pub"
+
+    def node(files: Path) -> subprocess.CompletedProcess[str]:
+        downloaded = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--require-hashes",
+                "--no-deps",
+                "--index-url",
+                index.simple,
+                "-r",
+                str(lock_dir / "requirements.txt"),
+                "-d",
+                str(files),
+            ],
+            env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PIP_CONFIG_FILE": os.devnull},
+            capture_output=True,
+            text=True,
+        )
+        assert downloaded.returncode == 0, downloaded.stderr
+        for name in [
+            "SHA256SUMS",
+            "requirements.txt",
+            *(p.name for p in lock_dir.glob("*.intoto.jsonl")),
+        ]:
+            shutil.copy(lock_dir / name, files)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sm120_build.node.provenance",
+                str(files),
+                "--trust-key",
+                str(key),
+                "--lock",
+                str(files / "requirements.txt"),
+            ],
+            capture_output=True,
+            text=True,
+        )
+
+    verified = node(tmp_path / "ours")
+    assert verified.returncode == 0, verified.stderr
+    assert verified.stdout.count("verified: ") == 4  # our four wheels
+    venv = tmp_path / "node-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    installed_now = hash_checked_install(
+        venv / "bin/python",
+        tmp_path / "ours" / "requirements.txt",
+        "--no-index",
+        "--find-links",
+        str(tmp_path / "ours"),
+    )
+    assert installed_now.returncode == 0, installed_now.stderr
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PIP_CONFIG_FILE": os.devnull}
+    installed = installed_versions(venv / "bin/python", env)
+    for name, version in required_versions(root).items():
+        assert installed[name] == version
+
+    # The index serves another file under our sglang wheel's name (as a writer of the
+    # index could arrange): it is refused before anything is installed.
+    (sglang,) = (index.packages).glob("sglang-*.whl")
+    other = small_wheel(tmp_path, "sglang", sglang.name.split("-")[1], "swapped = True\n")
+    shutil.move(other, sglang)
+    swapped = tmp_path / "swapped"
+    swapped.mkdir()
+    for made in (tmp_path / "ours").glob("*.whl"):
+        shutil.copy(made, swapped)
+    shutil.copy(sglang, swapped / sglang.name)
+    for name in [
+        "SHA256SUMS",
+        "requirements.txt",
+        *(p.name for p in lock_dir.glob("*.intoto.jsonl")),
+    ]:
+        shutil.copy(lock_dir / name, swapped)
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sm120_build.node.provenance",
+            str(swapped),
+            "--trust-key",
+            str(key),
+            "--lock",
+            str(swapped / "requirements.txt"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 1
+    assert f"{sglang.name}: the signed sha256 is" in refused.stderr
+    assert "the wheel was replaced after it was signed" in refused.stderr

@@ -254,7 +254,13 @@ def test_copies_show_progress_and_lock_files_reach_the_tree(project: Path, tmp_p
     assert locks.name == hashlib.sha256(requirements).hexdigest()[:16]
     assert (locks / "requirements.txt").read_bytes() == requirements
     assert (locks / "node-lock.txt").read_text() == "# a lock\n"
-    assert f"lock files for nodes: {locks}/ (requirements.txt, node-lock.txt)" in result.stderr
+    assert (
+        f"for nodes: {locks}/ (requirements.txt, node-lock.txt, SHA256SUMS, 0 envelopes)"
+        in result.stderr
+    )
+    assert (locks / "SHA256SUMS").read_bytes() == (
+        project / "wheelhouse" / "SHA256SUMS"
+    ).read_bytes()
     installed = fresh_install_from(locks / "requirements.txt", static, tmp_path)
     for name, version in required_versions(project).items():
         assert installed[name] == version

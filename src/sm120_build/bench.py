@@ -21,7 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import jit_cache, options, pins, pipeline, toolkit
+from . import attest, jit_cache, options, pins, pipeline, toolkit
 from .console import say
 from .errors import UserError, exit_status
 from .jit_cache import render, shards, sources
@@ -31,7 +31,13 @@ from .layout import CACHE_ENV, Layout, repo_root
 def _scratch_project(source: Path, scratch: Path) -> Layout:
     root = scratch / "project"
     root.mkdir(parents=True)
-    for name in ("pins.toml", "audit-waivers.toml", "profiles.toml"):
+    for name in (
+        "pins.toml",
+        "audit-waivers.toml",
+        "audit-scope.toml",
+        "profiles.toml",
+        "profiles-derived.toml",
+    ):
         shutil.copy(source / name, root)
     for name in ("patches", "kernel", "ci"):
         shutil.copytree(
@@ -272,18 +278,20 @@ def _bench(args: argparse.Namespace) -> int:
         pinned = pins.load(layout.pins_file)
         request = options.kernel_request(layout, args)
         archs = request.archs
-        cold = pipeline.build_wheels(layout, pinned, request)
+        # Unsigned: a benchmark's wheels are never published.
+        run = attest.begin(options.build_parameters(layout, args), None)
+        cold = pipeline.build_wheels(layout, pinned, request, run)
         modules = _compile_seconds(layout)
         started = time.monotonic()
-        pipeline.build_wheels(layout, pinned, request)
+        pipeline.build_wheels(layout, pinned, request, run)
         no_op = time.monotonic() - started
         # The wheel cache dropped, a fresh build tree: every module from the module cache.
         shutil.rmtree(layout.cache / "artifacts" / "jit-cache")
-        from_modules = pipeline.build_wheels(layout, pinned, request)
+        from_modules = pipeline.build_wheels(layout, pinned, request, run)
         # The module cache dropped too: every compile served by sccache.
         shutil.rmtree(layout.cache / "artifacts" / "jit-cache")
         shutil.rmtree(layout.built_modules)
-        warm = pipeline.build_wheels(layout, pinned, request)
+        warm = pipeline.build_wheels(layout, pinned, request, run)
         modules_warm = _compile_seconds(layout)
         sizes = {p.name: p.stat().st_size for p in sorted(layout.wheelhouse.glob("*.whl"))}
 

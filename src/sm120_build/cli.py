@@ -12,6 +12,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from . import (
+    attest,
     audit,
     bump,
     console,
@@ -22,6 +23,7 @@ from . import (
     pins,
     pipeline,
     publish,
+    pylock,
     toolkit,
     vendor,
 )
@@ -29,7 +31,13 @@ from .cache import cache_lock, scratch_directory
 from .console import say
 from .errors import UserError, exit_status
 from .layout import CACHE_ENV, Layout, repo_root, stack_name
-from .options import add_glibc_baseline, add_kernel_options, kernel_request
+from .options import (
+    add_glibc_baseline,
+    add_kernel_options,
+    add_sign_key,
+    build_parameters,
+    kernel_request,
+)
 
 
 def _vendor(layout: Layout, args: argparse.Namespace) -> None:
@@ -44,7 +52,8 @@ def _vendor(layout: Layout, args: argparse.Namespace) -> None:
 
 
 def _build_wheels(layout: Layout, args: argparse.Namespace) -> None:
-    pipeline.build_wheels(layout, pins.load(layout.pins_file), kernel_request(layout, args))
+    run = attest.begin(build_parameters(layout, args), args.sign_key)
+    pipeline.build_wheels(layout, pins.load(layout.pins_file), kernel_request(layout, args), run)
 
 
 def _shard_spec(text: str) -> jit_cache.ShardSpec:
@@ -85,8 +94,9 @@ def _build_shard(layout: Layout, args: argparse.Namespace) -> None:
 
 
 def _merge_shards(layout: Layout, args: argparse.Namespace) -> None:
+    run = attest.begin(build_parameters(layout, args), args.sign_key)
     pipeline.merge_shards(
-        layout, pins.load(layout.pins_file), args.base_jit_cache, args.glibc_baseline
+        layout, pins.load(layout.pins_file), args.base_jit_cache, run, args.glibc_baseline
     )
 
 
@@ -265,6 +275,9 @@ def _derive_profiles(layout: Layout, args: argparse.Namespace) -> int:
 
 
 def _lock_node(layout: Layout, args: argparse.Namespace) -> None:
+    if args.pylock_index:
+        pylock.write_pylock(layout.wheelhouse, args.pylock_index)
+        return
     node_lock.lock_node(layout.wheelhouse, args.python_version, args.platform)
 
 
@@ -325,6 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_kernel_options(sub)
     add_glibc_baseline(sub)
+    add_sign_key(sub)
     sub.set_defaults(run=_build_wheels, locks_cache=True)
 
     sub = commands.add_parser(
@@ -385,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="as for build-wheels: keep this jit-cache wheel's modules, except those built",
     )
     add_glibc_baseline(sub)
+    add_sign_key(sub)
     sub.set_defaults(run=_merge_shards, locks_cache=True)
 
     sub = commands.add_parser(
@@ -498,6 +513,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ARCH-manylinux_2_Y",
         help="the node's platform, by its glibc (default: the newest manylinux tag of the "
         f"wheelhouse's wheels, {node_lock.FALLBACK_PLATFORM} if all are pure Python)",
+    )
+    sub.add_argument(
+        "--pylock-index",
+        metavar="URL",
+        help=f"instead, write wheelhouse/{pylock.PYLOCK_FILE} for {node_lock.LOCK_FILE}'s "
+        "target, resolved from this index alone (the internal one, once `publish "
+        "--with-dependencies` has put the closure there): it names each file's URL there",
     )
     sub.set_defaults(run=_lock_node, locks_cache=False)
     return parser

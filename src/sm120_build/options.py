@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import profiles
+from . import attest, profiles
 from .jit_cache import DEFAULT_ARCHS, Arch, KernelRequest
-from .layout import Layout
+from .layout import Layout, stack_name
 
 
 def kernel_request(layout: Layout, args: argparse.Namespace) -> KernelRequest:
@@ -20,11 +20,36 @@ def kernel_request(layout: Layout, args: argparse.Namespace) -> KernelRequest:
     )
 
 
+def add_sign_key(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sign-key",
+        type=Path,
+        metavar="KEY",
+        help="sign each wheel's provenance envelope (<wheel>.intoto.jsonl) with this Ed25519 "
+        f"private key in PEM, as `openssl genpkey -algorithm ed25519` writes it (or "
+        f"${attest.SIGN_KEY_ENV}); without one the envelopes are written unsigned",
+    )
+
+
+def build_parameters(layout: Layout, args: argparse.Namespace) -> dict[str, object]:
+    """What the build was asked for, as its provenance records it (externalParameters)."""
+    return {
+        "stack": stack_name(layout.pins_file),
+        "profile": getattr(args, "profile", None),
+        "modules": getattr(args, "module", None) or [],
+        "archs": getattr(args, "arch", None) or list(DEFAULT_ARCHS),
+        "cuda_home": str(args.cuda_home) if getattr(args, "cuda_home", None) else None,
+        "base_jit_cache": getattr(args, "base_jit_cache", None),
+        "glibc_baseline": getattr(args, "glibc_baseline", None),
+    }
+
+
 def add_kernel_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile",
         metavar="NAME",
-        help="the module set of profiles.toml to build: comm (default) or sglang-sm120",
+        help="the module set of the stack's profiles.toml to build (default: comm; an "
+        "unknown name lists the stack's profiles)",
     )
     parser.add_argument(
         "--module",

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import audit, fetch, jit_cache, toolkit, vendor, wheel_upstream, wheels
+from . import attest, audit, fetch, jit_cache, toolkit, vendor, wheel_upstream, wheels
 from .cache import cached_wheel, digest, files_digest, scratch_directory, store_wheel
 from .console import say, step
 from .errors import UserError
@@ -216,11 +216,13 @@ def _wheelhouse(
     parts: list[Part],
     base: str | None,
     lap: Callable[[str], None],
+    run: attest.BuildRun,
     glibc_baseline: str | None = None,
     platform: str = "x86_64",
 ) -> None:
-    """The jit-cache wheel from `parts`, the Python wheels, SHA256SUMS and
-    requirements.txt, into wheelhouse/ at once; then what was written, and what to do next."""
+    """The jit-cache wheel from `parts`, the Python wheels, their provenance envelopes,
+    SHA256SUMS and requirements.txt, into wheelhouse/ at once; then what was written, and
+    what to do next."""
     with scratch_directory(layout.cache, "final") as final_dir:
         with step("making the jit-cache wheel (auditwheel, provenance)"):
             jit = jit_cache.assemble(layout, pins, parts, base, final_dir, glibc_baseline)
@@ -232,9 +234,18 @@ def _wheelhouse(
         lap("sglang wheel")
         built.append(build_tool_wheel(final_dir))
         lap("node tools wheel")
+        tool = {
+            "version": built[-1].name.split("-")[1],
+            "toolkit": json.dumps(parts[0].record["toolkit"], sort_keys=True),
+        }
+        envelopes = attest.write_envelopes(layout, pins, run, built, tool)
         companions = list(pins.companions.values())
         wheels.assemble_wheelhouse(
-            built, companions, _companion_wheels(pins, layout.cache), layout.wheelhouse
+            built,
+            companions,
+            _companion_wheels(pins, layout.cache),
+            layout.wheelhouse,
+            envelopes,
         )
         lap("wheelhouse")
     where = (
@@ -247,6 +258,16 @@ def _wheelhouse(
         say(f"  {name}")
     for companion in companions:
         say(f"  {companion.name} {companion.version} (a pinned companion, as the index serves it)")
+    if run.signer is not None:
+        say(
+            f"  {len(envelopes)} provenance envelopes (*.intoto.jsonl), signed with key "
+            f"{attest.key_id(run.signer)}"
+        )
+    else:
+        say(
+            f"  {len(envelopes)} provenance envelopes (*.intoto.jsonl), UNSIGNED: give "
+            f"--sign-key KEY (or {attest.SIGN_KEY_ENV}) to sign them"
+        )
     say(
         f"next: on a node, pip install --require-hashes --no-deps --find-links {where}/ "
         f"-r {where}/requirements.txt, then sm120-node-check; or nox -s lock_node and "
@@ -281,7 +302,9 @@ class _Laps:
         self._clock = now
 
 
-def build_wheels(layout: Layout, pins: Pins, request: KernelRequest) -> dict[str, float]:
+def build_wheels(
+    layout: Layout, pins: Pins, request: KernelRequest, run: attest.BuildRun
+) -> dict[str, float]:
     """Run the main job on this machine; return the seconds each stage took."""
     lap = _Laps()
     jit_cache.check_paths(layout, request)
@@ -301,6 +324,7 @@ def build_wheels(layout: Layout, pins: Pins, request: KernelRequest) -> dict[str
         [part],
         request.base_jit_cache,
         lap,
+        run,
         request.glibc_baseline,
         request.platform,
     )
@@ -331,7 +355,11 @@ def build_shard(layout: Layout, pins: Pins, request: KernelRequest, shard: Shard
 
 
 def merge_shards(
-    layout: Layout, pins: Pins, base_jit_cache: str | None, glibc_baseline: str | None = None
+    layout: Layout,
+    pins: Pins,
+    base_jit_cache: str | None,
+    run: attest.BuildRun,
+    glibc_baseline: str | None = None,
 ) -> None:
     """Assemble wheelhouse/ from every shard in shards/: the same bytes as one machine's
     build of the same request."""
@@ -349,4 +377,4 @@ def merge_shards(
             "merge them in the checkout (same commit) that built them"
         )
     say(f"merging {len(parts)} shard(s), {sum(len(p.record['modules']) for p in parts)} modules")
-    _wheelhouse(layout, pins, parts, base_jit_cache, _Laps(), glibc_baseline)
+    _wheelhouse(layout, pins, parts, base_jit_cache, _Laps(), run, glibc_baseline)

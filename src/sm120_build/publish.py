@@ -255,6 +255,13 @@ def publish(
                 )
     finally:
         _summary(wheels, status, index_url)
+    envelopes = sorted(wheelhouse.glob("*.intoto.jsonl"))
+    if envelopes:
+        say(
+            f"{len(envelopes)} provenance envelopes not uploaded: an index takes distributions "
+            "only. Nodes get them from a static tree (publish --static DIR: packages/ and "
+            "locks/<digest>/) or from the wheelhouse"
+        )
 
 
 def _summary(wheels: list[LocalWheel], status: dict[str, str], index_url: str) -> None:

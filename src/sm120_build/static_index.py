@@ -1,6 +1,7 @@
 """`publish --static DIR`: a PEP 503 tree (packages/ + simple/) that pip installs from over
-file:// or HTTP, and the wheelhouse's lock files under locks/<digest>/ for nodes that reach
-only that tree.
+file:// or HTTP, each wheel's provenance envelope beside it in packages/, and what a node
+installs from (the lock files, SHA256SUMS and the envelopes) under locks/<digest>/ for nodes
+that reach only that tree.
 
 The tree may be shared and written by others, so nothing in it is trusted: a tree holding a
 symbolic link is refused, naming it, before anything is written; and every directory is
@@ -11,8 +12,10 @@ followed.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import html
+import json
 import os
 import secrets
 import shutil
@@ -28,9 +31,10 @@ from .console import say
 from .errors import UserError
 from .index import project_of
 
-# What the tree holds besides packages/ and simple/: the lock files a node installs from.
+# What the tree holds besides packages/ and simple/: what a node installs from.
 LOCKS = "locks"
-LOCK_FILES = ("requirements.txt", "node-lock.txt")
+LOCK_FILES = ("requirements.txt", "node-lock.txt", "pylock.toml", "SHA256SUMS")
+ENVELOPE_SUFFIX = ".intoto.jsonl"
 _NO_FOLLOW_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -81,6 +85,12 @@ class _Directory:
             for block in iter(lambda: stream.read(1 << 20), b""):
                 digest.update(block)
             return digest.hexdigest()
+
+    def read(self, name: str) -> bytes:
+        """The regular file `name`, never through a link."""
+        descriptor = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.descriptor)
+        with os.fdopen(descriptor, "rb") as stream:
+            return stream.read()
 
     def write(self, name: str, fill: BinaryIO | bytes) -> None:
         """Create `name` whole, mode 0644: a new file beside it, then a rename over it."""
@@ -177,27 +187,43 @@ def _lock_directory_name(wheelhouse: Path) -> str:
 
 
 def write_tree(wheelhouse: Path, destination: Path, files: list[StaticFile]) -> Path:
-    """Add `files` and the wheelhouse's lock files to the PEP 503 tree at `destination`,
-    creating it or merging into it; return the lock directory a node reads.
+    """Add `files`, the envelopes of the wheelhouse's wheels among them and its lock files
+    to the PEP 503 tree at `destination`, creating it or merging into it; return the lock
+    directory a node reads.
 
     Files already there stay: other projects, and our earlier versions. A file of the same
     name with other content is refused before anything is written, as an index would. The
     pages of the projects we add to are regenerated from packages/; the others are kept.
     """
     _check_tree(destination)
+    published = {file.name for file in files}
+    envelopes = [
+        path
+        for path in sorted(wheelhouse.glob(f"*{ENVELOPE_SUFFIX}"))
+        if path.name.removesuffix(ENVELOPE_SUFFIX) in published
+    ]
     locks = [wheelhouse / name for name in LOCK_FILES if (wheelhouse / name).is_file()]
     lock_dir = _lock_directory_name(wheelhouse)
     with _opened(destination) as root:
         packages, simple = root.subdirectory("packages"), root.subdirectory("simple")
         try:
             _refuse_conflicts(packages, files)
+            kept = _refuse_envelope_conflicts(packages, envelopes)
             _refuse_lock_conflicts(destination / LOCKS / lock_dir, locks)
+            kept_for_nodes = _envelopes_there(destination / LOCKS / lock_dir, envelopes)
             added = _copy_packages(packages, files)
+            for envelope in envelopes:
+                if envelope.name not in kept:
+                    packages.write(envelope.name, envelope.read_bytes())
+            _read_back(packages, files, envelopes, kept)
             projects = _write_pages(packages, simple, files)
             locks_at = root.subdirectory(LOCKS)
             this_lock = locks_at.subdirectory(lock_dir)
             for lock in locks:
                 this_lock.write(lock.name, lock.read_bytes())
+            for envelope in envelopes:
+                if envelope.name not in kept_for_nodes:
+                    this_lock.write(envelope.name, envelope.read_bytes())
             this_lock.close()
             locks_at.close()
         finally:
@@ -207,11 +233,79 @@ def write_tree(wheelhouse: Path, destination: Path, files: list[StaticFile]) -> 
         f"static index: {destination}/simple/ (added {added} of {len(files)} files, "
         f"{len(files) - added} already there; {projects} projects)"
     )
+    say(f"provenance envelopes: {len(envelopes)} beside their wheels in packages/")
     say(
-        f"lock files for nodes: {destination}/{LOCKS}/{lock_dir}/ "
-        f"({', '.join(lock.name for lock in locks) or 'none'})"
+        f"for nodes: {destination}/{LOCKS}/{lock_dir}/ "
+        f"({', '.join(lock.name for lock in locks) or 'no lock files'}, "
+        f"{len(envelopes)} envelopes)"
     )
     return destination / LOCKS / lock_dir
+
+
+def _subject(envelope: bytes) -> object:
+    """The subject an envelope's statement names (unverified: for telling two envelopes of
+    the same wheel apart from two of different wheels)."""
+    try:
+        return json.loads(base64.b64decode(json.loads(envelope)["payload"]))["subject"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _refuse_envelope_conflicts(packages: _Directory, envelopes: list[Path]) -> set[str]:
+    """The envelopes already there for the same wheel (the same bytes signed by another
+    build of them): those are kept; one for other bytes under the same name is refused."""
+    kept = set()
+    for envelope in envelopes:
+        if packages.sha256(envelope.name) in (None, sha256_bytes(envelope.read_bytes())):
+            continue
+        there = _subject(packages.read(envelope.name))
+        if there is None or there != _subject(envelope.read_bytes()):
+            raise UserError(
+                f"{packages.path / envelope.name} already exists and attests other content "
+                "than this wheelhouse's wheel of that name; nothing was written"
+            )
+        say(f"  {envelope.name}: one for the same wheel is there already (another signing), kept")
+        kept.add(envelope.name)
+    return kept
+
+
+def _envelopes_there(directory: Path, envelopes: list[Path]) -> set[str]:
+    """As _refuse_envelope_conflicts, for a lock directory (checked before it is opened)."""
+    kept = set()
+    for envelope in envelopes:
+        there = directory / envelope.name
+        if there.is_symlink() or not there.exists():
+            continue
+        if there.read_bytes() == envelope.read_bytes():
+            continue
+        subject_there = _subject(there.read_bytes())
+        if subject_there is not None and subject_there == _subject(envelope.read_bytes()):
+            kept.add(envelope.name)
+            continue
+        raise UserError(
+            f"{there} already exists and attests other content than this wheelhouse's wheel "
+            "of that name; nothing was written"
+        )
+    return kept
+
+
+def _read_back(
+    packages: _Directory, files: list[StaticFile], envelopes: list[Path], kept: set[str]
+) -> None:
+    """Every file as the tree now holds it: each wheel with our sha256, each envelope ours
+    (or the one kept for the same wheel)."""
+    for file in files:
+        if packages.sha256(file.name) != file.sha256:
+            raise UserError(f"{packages.path / file.name} does not read back with our sha256")
+    for envelope in envelopes:
+        if envelope.name in kept:
+            continue
+        if packages.sha256(envelope.name) != sha256_bytes(envelope.read_bytes()):
+            raise UserError(f"{packages.path / envelope.name} does not read back as written")
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _refuse_conflicts(packages: _Directory, files: list[StaticFile]) -> None:

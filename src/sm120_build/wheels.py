@@ -286,10 +286,15 @@ def requirement_lines(wheels: list[Path], companions: list[Companion]) -> str:
 
 
 def assemble_wheelhouse(
-    wheels: list[Path], companions: list[Companion], companion_wheels: list[Path], wheelhouse: Path
+    wheels: list[Path],
+    companions: list[Companion],
+    companion_wheels: list[Path],
+    wheelhouse: Path,
+    beside: list[Path] | None = None,
 ) -> None:
     """`wheels` (ours) and the companions' wheels, with SHA256SUMS over all of them and
-    requirements.txt pinning ours by their hash and the companions by their pinned ones.
+    requirements.txt pinning ours by their hash and the companions by their pinned ones;
+    `beside`: more files to keep with them (the wheels' provenance envelopes).
 
     Replace wheelhouse/ by renames: a failed build never leaves a partial one, and a
     failure at the swap itself puts the old one back. What a run killed during the swap
@@ -304,7 +309,7 @@ def assemble_wheelhouse(
     retired: Path | None = None
     try:
         staging.chmod(0o755)  # mkdtemp makes it private; wheelhouse/ is meant to be shared
-        for wheel in [*wheels, *companion_wheels]:
+        for wheel in [*wheels, *companion_wheels, *(beside or [])]:
             shutil.copyfile(wheel, staging / wheel.name)
         (staging / "SHA256SUMS").write_text(
             "".join(f"{sha256_of(path)}  {path.name}\n" for path in sorted(staging.glob("*.whl")))

@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     if args.install is not None:
-        install_checked(args.install)
+        install_checked(args.install, trust_key=args.trust_key)
     if args.launch_cost:
         return launch_cost(args.json)
     import torch

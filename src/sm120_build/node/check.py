@@ -7,7 +7,9 @@ asks it to. It reports, with no GPU needed:
 - the versions and patch series of flashinfer-python and flashinfer-jit-cache, which must
   be one build's;
 - the archs the jit-cache holds code for, which must cover the GPU (or --arch MAJOR.MINOR);
-- the CUDA the jit-cache was built with, against the driver's.
+- the CUDA the jit-cache was built with, against the driver's;
+- with --trust-key KEY.pub, whether each installed wheel of ours was verified against its
+  signed provenance when --install put it there (docs/provenance.md).
 
 Then, where torch and a GPU (or --arch) are there, it loads every module of the profile (by
 default the recipes the jit-cache records it was built from) as the serving path does, with
@@ -32,6 +34,7 @@ from ..errors import UserError, exit_status
 from ..layout import PROVENANCE_FILE
 from .install import add_node_options, disable_jit, install_checked
 from .loads import check
+from .provenance import BUILT, installed_provenance
 
 _SERIES = re.compile(r"^p[0-9a-f]{8}$")
 
@@ -182,10 +185,12 @@ def _run(args: argparse.Namespace) -> int:
                 "that serves sglang, which holds torch (`python -m nox -s node_check` from "
                 "that environment). Nothing was installed."
             )
-        install_checked(args.install)
+        install_checked(args.install, trust_key=args.trust_key)
     disable_jit()
     problems: list[str] = []
     not_checked: list[str] = []
+    if args.trust_key is not None:
+        problems += _signed_provenance(args.trust_key)
     jit_cache = provenance("flashinfer-jit-cache")
     python = provenance("flashinfer-python")
     versions = {
@@ -248,6 +253,23 @@ def _run(args: argparse.Namespace) -> int:
     for reason in not_checked:
         print(f"  NOT CHECKED {reason}")
     return 1 if problems or not_checked else 0
+
+
+def _signed_provenance(trust_key: Path) -> list[str]:
+    """Print what the envelopes kept at install say of each installed wheel of ours; the
+    ones without a verified envelope are problems."""
+    installed = {}
+    for project in BUILT:
+        try:
+            installed[project] = importlib.metadata.version(project)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    problems = []
+    for project, found in installed_provenance(trust_key, installed).items():
+        print(f"  provenance {project} {installed[project]}: {found}")
+        if not found.startswith("verified"):
+            problems.append(f"{project} {installed[project]}: {found}")
+    return problems
 
 
 def _load_modules(recipes: dict[str, str], major: int) -> tuple[list[dict[str, Any]], list[str]]:

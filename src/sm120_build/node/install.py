@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..sums import SUMS_FILE, checked_wheels
+from .provenance import keep, store, verified_wheels
 
 # sglang too: patch 0003 is what loads its own kernels from the jit-cache wheel.
 OURS = ("flashinfer-python", "flashinfer-jit-cache", "sglang")
@@ -34,6 +35,14 @@ def add_node_options(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="first install DIR's wheels into this Python, each checked against "
         "DIR/SHA256SUMS (nox passes wheelhouse/); without it, what is installed is checked",
+    )
+    parser.add_argument(
+        "--trust-key",
+        type=Path,
+        metavar="KEY.pub",
+        help="the Ed25519 public key (PEM) our wheels' provenance envelopes must be signed "
+        "with: with --install, every wheel of ours in DIR is verified before anything is "
+        "installed; without it, what the envelopes kept at install say is reported",
     )
     parser.add_argument(
         "--verbose", action="store_true", help="show the traceback of an unexpected error"
@@ -58,8 +67,11 @@ def _name_and_version(wheel: Path) -> tuple[str, str]:
     return re.sub(r"[-_.]+", "-", name).lower(), version
 
 
-def install_checked(wheelhouse: Path, projects: tuple[str, ...] = OURS) -> None:
+def install_checked(
+    wheelhouse: Path, projects: tuple[str, ...] = OURS, trust_key: Path | None = None
+) -> None:
     wheels = checked_wheels(wheelhouse)
+    statements = verified_wheels(wheelhouse, trust_key) if trust_key is not None else {}
     chosen = {
         path: digest for path, digest in wheels.items() if _name_and_version(path)[0] in projects
     }
@@ -102,3 +114,6 @@ def install_checked(wheelhouse: Path, projects: tuple[str, ...] = OURS) -> None:
                 f"after installing {path.name}, {sys.prefix} holds {name} {installed}: "
                 "another installation shadows it (check sys.path and PYTHONPATH)"
             )
+    if statements:
+        keep({wheel: found for wheel, found in statements.items() if wheel in chosen})
+        print(f"provenance: {len(statements)} wheels verified, kept in {store()}")

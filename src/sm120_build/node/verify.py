@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     if args.install is not None:
-        install_checked(args.install)
+        install_checked(args.install, trust_key=args.trust_key)
     disable_jit()
     import torch
 
