@@ -42,10 +42,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import inspect
 import json
 import sys
 import traceback
+import types
 from types import SimpleNamespace
 from typing import Any
 
@@ -59,6 +61,22 @@ _GENERATING: list[str] = []  # the generator call being made for real, if any
 # so the configuration's profile cannot be called complete (derive/__init__.py fails it).
 UNREACHED: list[dict[str, str]] = []
 _ASKED = [0]  # kernel requests so far (modules, Triton launches, DeepGEMM calls)
+# The package of sglang's own JIT kernels, whose _jit_*_module loaders call load_jit:
+# sglang.jit_kernel up to 0.5.10, sglang.kernels from 0.5.11 (_kernels_package finds it).
+_SGLANG_KERNELS = "sglang.jit_kernel"
+
+
+def _kernels_package() -> str:
+    """Where this sglang's load_jit lives, as the package of its kernels: the first two
+    parts of its module's name."""
+    for candidate in ("sglang.jit_kernel.utils", "sglang.kernels.jit.utils.compile.loader"):
+        try:
+            module = importlib.import_module(candidate)
+        except ImportError:
+            continue
+        if hasattr(module, "load_jit"):
+            return ".".join(module.load_jit.__module__.split(".")[:2])
+    raise RuntimeError("this sglang has no load_jit where the replay knows to look")
 
 
 @contextlib.contextmanager
@@ -215,7 +233,11 @@ def _callers() -> list[str]:
         f
         for f in stack
         if ("/flashinfer/" in f.filename and "/flashinfer/jit/" not in f.filename)
-        or ("/sglang/jit_kernel/" in f.filename and not f.filename.endswith("/utils.py"))
+        or (
+            any(f"/{part}/" in f.filename for part in _SGLANG_KERNELS.replace(".", "/").split())
+            and not f.filename.endswith("/utils.py")
+            and "/utils/" not in f.filename
+        )
     ]
     return [_site(frames[0]) for frames in (serving, library) if frames]
 
@@ -305,7 +327,7 @@ def _intercept(prefix: str, wanted: Any, result: Any, generate: bool = False) ->
             for attribute, value in vars(module).items():
                 if (
                     callable(value)
-                    and getattr(value, "__module__", "").startswith(prefix)
+                    and (getattr(value, "__module__", None) or "").startswith(prefix)
                     and wanted(attribute)
                     and not getattr(value, "_sm120_recorder", False)
                 ):
@@ -342,7 +364,7 @@ def _intercept_compilation(arch: tuple[int, int]) -> None:
         generate=True,
     )
     _intercept(
-        "sglang.jit_kernel",
+        _SGLANG_KERNELS,
         lambda name: name.startswith("_jit_") and name.endswith("_module"),
         _Module,
     )
@@ -353,7 +375,7 @@ def _recording_first_use(name: str, function: Any, module: Any) -> Any:
         source = inspect.getsourcefile(function) or "?"
         defined_at = _where(source, function.__code__.co_firstlineno)
     else:  # an op of its extension, bound in this module
-        defined_at = _where(module.__file__ or "?", 1)
+        defined_at = _where(getattr(module, "__file__", None) or "?", 1)
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -383,7 +405,9 @@ def main() -> None:
 
     common.get_nvgpu_memory_capacity = lambda: 97887.0  # MiB, as nvidia-smi reports
     server_args.get_device_memory_capacity = lambda device=None: 97887.0
-    import sglang.jit_kernel.utils
+    global _SGLANG_KERNELS
+    _SGLANG_KERNELS = _kernels_package()
+    importlib.import_module(_SGLANG_KERNELS)
     import sglang.srt.configs.load_config
     import sglang.srt.distributed.parallel_state as parallel_state
     import sglang.srt.layers.attention.flashinfer_backend
@@ -420,7 +444,8 @@ def main() -> None:
     # DeepGEMM's functions, in each of its modules: recorded, then run (without a device they
     # fail, as a step that needs one does).
     for name, module in list(sys.modules.items()):
-        if name.split(".")[0] == "deep_gemm" and module is not None:
+        # (only modules: some releases put other objects in sys.modules under its name)
+        if name.split(".")[0] == "deep_gemm" and isinstance(module, types.ModuleType):
             for attribute, value in list(vars(module).items()):
                 owner = getattr(value, "__module__", None) or ""
                 # Python functions, and the C++ ops it registers (torch._ops.deep_gemm)
@@ -444,7 +469,9 @@ def main() -> None:
     Scheduler.init_moe_gemm_config(SimpleNamespace(server_args=args, model_config=model_config))
     from sglang.srt.layers.dp_attention import initialize_dp_attention
 
-    initialize_dp_attention(args, model_config)  # as ModelRunner.init_torch_distributed does
+    # As ModelRunner.init_torch_distributed does (0.5.11 dropped the model config argument).
+    taken = len(inspect.signature(initialize_dp_attention).parameters)
+    initialize_dp_attention(*(args, model_config)[:taken])
     runner, backend = _replay_model(args, model_config, tp, arch, draft=False)
     if not runner.spec_algorithm.is_none() and args.speculative_draft_model_path:
         # The draft model's own worker (speculative/eagle_worker.py: a TpModelWorker with
