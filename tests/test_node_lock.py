@@ -243,12 +243,10 @@ def test_pylock_from_the_published_index_installs_with_uv_and_pip(
         "HOME": str(closure["tmp"]),
         "PIP_CONFIG_FILE": os.devnull,
     }
-    uv_venv = closure["tmp"] / "uv-node"
-    subprocess.run(
-        [sys.executable, "-m", "uv", "venv", "-q", "-p", sys.executable, str(uv_venv)], check=True
-    )
-    synced = subprocess.run(
-        [
+
+    def uv_sync(python: Path) -> list[str]:
+        """uv's install of the lock into `python`'s environment, nothing else in it."""
+        return [
             sys.executable,
             "-m",
             "uv",
@@ -256,12 +254,16 @@ def test_pylock_from_the_published_index_installs_with_uv_and_pip(
             "sync",
             "--no-config",
             "-p",
-            str(uv_venv / "bin/python"),
+            str(python),
             str(pylock),
-        ],
-        env=node_env,
-        capture_output=True,
-        text=True,
+        ]
+
+    uv_venv = closure["tmp"] / "uv-node"
+    subprocess.run(
+        [sys.executable, "-m", "uv", "venv", "-q", "-p", sys.executable, str(uv_venv)], check=True
+    )
+    synced = subprocess.run(
+        uv_sync(uv_venv / "bin/python"), env=node_env, capture_output=True, text=True
     )
     assert synced.returncode == 0, synced.stderr
     version = subprocess.run(  # uv's venv has no pip: ask the installed metadata
@@ -299,17 +301,7 @@ def test_pylock_from_the_published_index_installs_with_uv_and_pip(
     gamma = lock["gamma-pkg"].hashes[0]
     pylock.write_text(pylock.read_text().replace(gamma, "0" * 64))
     for command in (
-        [
-            sys.executable,
-            "-m",
-            "uv",
-            "pip",
-            "sync",
-            "--no-config",
-            "-p",
-            str(fresh_venv(closure["tmp"] / "uv2")),
-            str(pylock),
-        ],
+        uv_sync(fresh_venv(closure["tmp"] / "uv2")),
         [str(pip_node("pip2")), "-m", "pip", "install", "-r", str(pylock)],
     ):
         refused = subprocess.run(command, env=node_env, capture_output=True, text=True)

@@ -607,17 +607,13 @@ def test_the_verifying_node_recipe_installs_the_signed_build_and_refuses_a_swap(
             *(p.name for p in lock_dir.glob("*.intoto.jsonl")),
         ]:
             shutil.copy(lock_dir / name, files)
+        return verify_provenance(files)
+
+    def verify_provenance(files: Path) -> subprocess.CompletedProcess[str]:
+        lock = str(files / "requirements.txt")
+        tool = [sys.executable, "-m", "sm120_build.node.provenance"]
         return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "sm120_build.node.provenance",
-                str(files),
-                "--trust-key",
-                str(key),
-                "--lock",
-                str(files / "requirements.txt"),
-            ],
+            [*tool, str(files), "--trust-key", str(key), "--lock", lock],
             capture_output=True,
             text=True,
         )
@@ -656,20 +652,7 @@ def test_the_verifying_node_recipe_installs_the_signed_build_and_refuses_a_swap(
         *(p.name for p in lock_dir.glob("*.intoto.jsonl")),
     ]:
         shutil.copy(lock_dir / name, swapped)
-    refused = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sm120_build.node.provenance",
-            str(swapped),
-            "--trust-key",
-            str(key),
-            "--lock",
-            str(swapped / "requirements.txt"),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    refused = verify_provenance(swapped)
     assert refused.returncode == 1
     assert f"{sglang.name}: the signed sha256 is" in refused.stderr
     assert "the wheel was replaced after it was signed" in refused.stderr

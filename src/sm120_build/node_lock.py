@@ -142,6 +142,35 @@ def platform_of(wheels: list[Path]) -> str:
     return f"{arch}-manylinux_2_{glibc}"
 
 
+def uv_compile(
+    scratch: Path, target: Target, roots: list[Pin], *options: str
+) -> subprocess.CompletedProcess[str]:
+    """`uv pip compile` of `roots` (NAME==VERSION each, as node.in in `scratch`) for
+    `target`, with uv's own configuration files ignored (pip's sources are what counts,
+    given in `options`)."""
+    (scratch / "node.in").write_text("".join(f"{pin.name}=={pin.version}\n" for pin in roots))
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "uv",
+            "pip",
+            "compile",
+            "node.in",  # relative: a lock says "via -r node.in", not a scratch path
+            "--no-config",
+            "--python-version",
+            target.python_version,
+            "--python-platform",
+            target.platform,
+            *options,
+        ],
+        cwd=scratch,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, NO_COLOR="1"),
+    )
+
+
 def lock_node(wheelhouse: Path, python_version: str, platform: str | None) -> Path:
     """Resolve the fresh-node closure of wheelhouse/requirements.txt for the target and
     write it to wheelhouse/node-lock.txt at once. Each wheelhouse project must be in it
@@ -164,40 +193,23 @@ def lock_node(wheelhouse: Path, python_version: str, platform: str | None) -> Pa
             )
     sources = pip_sources()
     with tempfile.TemporaryDirectory(prefix="sm120-lock-") as scratch:
-        wanted = Path(scratch) / "node.in"
-        wanted.write_text("".join(f"{pin.name}=={pin.version}\n" for pin in roots))
         resolved = Path(scratch) / LOCK_FILE
-        command = [
-            sys.executable,
-            "-m",
-            "uv",
-            "pip",
-            "compile",
-            wanted.name,  # relative: the lock says "via -r node.in", not a scratch path
-            "--no-config",
-            "--no-header",
-            "--generate-hashes",
-            "--no-build",
-            "--python-version",
-            target.python_version,
-            "--python-platform",
-            target.platform,
-            # As pip: the best match across every source, not the first index that has it.
-            "--index-strategy",
-            "unsafe-best-match",
-            "--find-links",
-            str(wheelhouse.resolve()),
-            *_source_options(sources),
-            "--output-file",
-            str(resolved),
-        ]
         with step(f"resolving the fresh-node closure for {target.describe()} with uv"):
-            result = subprocess.run(
-                command,
-                cwd=scratch,
-                capture_output=True,
-                text=True,
-                env=dict(os.environ, NO_COLOR="1"),
+            result = uv_compile(
+                Path(scratch),
+                target,
+                roots,
+                "--no-header",
+                "--generate-hashes",
+                "--no-build",
+                # As pip: the best match across every source, not the first index that has it.
+                "--index-strategy",
+                "unsafe-best-match",
+                "--find-links",
+                str(wheelhouse.resolve()),
+                *_source_options(sources),
+                "--output-file",
+                str(resolved),
             )
         if result.returncode != 0:
             raise UserError(

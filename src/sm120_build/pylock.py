@@ -11,7 +11,6 @@ differs in one version or hash is refused, and nothing is written.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -21,7 +20,7 @@ from packaging.utils import canonicalize_name
 
 from .console import say, step
 from .errors import UserError
-from .node_lock import LOCK_FILE, read_lock
+from .node_lock import LOCK_FILE, read_lock, uv_compile
 from .publish import check_url
 
 PYLOCK_FILE = "pylock.toml"
@@ -48,35 +47,19 @@ def write_pylock(wheelhouse: Path, index_url: str) -> Path:
     target, pins = read_lock(wheelhouse)
     locked = {pin.name: (pin.version, set(pin.hashes)) for pin in pins}
     with tempfile.TemporaryDirectory(prefix="sm120-pylock-") as scratch:
-        wanted = Path(scratch) / "node.in"
-        wanted.write_text("".join(f"{pin.name}=={pin.version}\n" for pin in pins))
         resolved = Path(scratch) / PYLOCK_FILE
         with step(f"resolving {LOCK_FILE}'s closure from {index_url} with uv"):
-            result = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "uv",
-                    "pip",
-                    "compile",
-                    wanted.name,
-                    "--no-config",
-                    "--no-deps",  # the lock names every package already
-                    "--format",
-                    "pylock.toml",
-                    "--python-version",
-                    target.python_version,
-                    "--python-platform",
-                    target.platform,
-                    "--index-url",
-                    index_url,
-                    "--output-file",
-                    str(resolved),
-                ],
-                cwd=scratch,
-                capture_output=True,
-                text=True,
-                env=dict(os.environ, NO_COLOR="1"),
+            result = uv_compile(
+                Path(scratch),
+                target,
+                pins,
+                "--no-deps",  # the lock names every package already
+                "--format",
+                "pylock.toml",
+                "--index-url",
+                index_url,
+                "--output-file",
+                str(resolved),
             )
         if result.returncode != 0:
             raise UserError(
