@@ -181,18 +181,20 @@ def module_tmp(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[[str], Path]]:
     """`tmp_path_factory.mktemp` for module-scoped fixtures. What it made is removed when the
-    module's tests end, unless a test has failed by then (kept to look at, as pyproject's
+    module's tests end, unless one of them failed (kept to look at, as pyproject's
     tmp_path_retention_policy keeps a failed test's tmp_path). Without this, the slow suite
     held every module's project roots and node venvs (1.3 GB and 2 to 7 GB each) until the
-    session ended: 34 GB, which filled CI's disk."""
+    session ended: 34 GB, which filled CI's disk. One module's failure keeps only its own:
+    keeping every later module's too filled the disk again, failing tests that had no fault."""
     made: list[Path] = []
+    failed_before = request.session.testsfailed
 
     def mktemp(name: str) -> Path:
         made.append(tmp_path_factory.mktemp(name))
         return made[-1]
 
     yield mktemp
-    if request.session.testsfailed == 0:
+    if request.session.testsfailed == failed_before:
         for path in made:
             shutil.rmtree(path, ignore_errors=True)
 

@@ -57,12 +57,12 @@ def test_flashinfer_0_6_4(vendored_project: Path) -> None:
     assert status == 2 and "sglang 0.5.9 requires flashinfer_python==0.6.3" in whole["verdict"]
     (report,) = whole["candidates"]
     patches = by_patch(report)
-    # 0.6.4 carries PR 2557, the FP4 power-of-two fix of 0005, written its own way: kept
-    # for review unless every hunk is proven upstream.
-    assert (patches["0005"]["verdict"], patches["0005"]["action"]) in (
-        ("upstream in another form", "review"),
-        ("upstream", "drop"),
-    )
+    # 0.6.4 carries PR 2557, which rewrote the FP4 launcher 0005 fixes: the lines 0005
+    # removes are gone and the lines it adds are not there, so it is no proof of "upstream in
+    # another form" but a conflict to refresh by hand, said to be a rewrite.
+    assert (patches["0005"]["verdict"], patches["0005"]["action"]) == ("conflict", "refresh")
+    (rewritten,) = patches["0005"]["hunks"]
+    assert "the code was rewritten" in rewritten["detail"]
     # 0004's cluster clamp is not upstream until 0.6.17, but PR 2557 rewrote the FP4 block
     # two of its hunks edit or follow: named, to refresh.
     assert patches["0004"]["action"] == "refresh"
@@ -70,7 +70,11 @@ def test_flashinfer_0_6_4(vendored_project: Path) -> None:
     failing = [(h["file"], h["hunk"]) for h in patches["0004"]["hunks"] if h["verdict"] != "clean"]
     assert (fusion, "@@ -1435,17 +1433,17 @@") in failing
     assert {patches[n]["verdict"] for n in ("0001", "0002", "0003", "0007")} == {"clean"}
-    assert any("flashinfer-cubin 0.6.4" in line for line in report["related"])
+    # The cubin follows what the chosen sglang requires, and the pinned 0.5.9 holds it at 0.6.3.
+    assert (
+        "companion flashinfer-cubin (pinned 0.6.3): sglang 0.5.9 requires flashinfer_cubin==0.6.3"
+        in report["related"]
+    )
 
 
 def sglang_without_communicator(root: Path, links: Path, version: str) -> None:

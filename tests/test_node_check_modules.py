@@ -379,3 +379,29 @@ def test_flashinfer_07s_silent_fallback_fails_the_check_by_name(
     status, _, report = run(tmp_path, capsys, "--arch", "12.0")
     assert report["problems"] == ([problem] if problem else [])
     assert status == (1 if problem else 0)
+
+
+def test_a_flashinfer_that_refuses_to_import_fails_the_check_once(
+    site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Patch 0007 makes `import flashinfer` raise when the jit-cache comes from another patch
+    series: the check names that once, as its one problem, and loads nothing."""
+    refusal = "flashinfer-jit-cache and flashinfer were built from different patch series"
+    write_tree(
+        site,
+        {
+            "flashinfer/__init__.py": "from .jit import env",
+            "flashinfer/jit/__init__.py": "",
+            "flashinfer/jit/core.py": JIT_CORE,
+            "flashinfer/jit/env.py": f"raise RuntimeError({refusal!r})",
+            "flashinfer/generators.py": GENERATORS,
+        },
+    )
+    node(site, {"a": "flashinfer.generators:gen_module('a')", "b": "flashinfer.generators:x"})
+    status, output, report = run(tmp_path, capsys, "--arch", "12.0")
+    assert status == 1
+    assert report["problems"] == [f"FlashInfer does not import, so no module loads: {refusal}"]
+    assert [(m["recipe"], m["loaded"]) for m in report["modules"]] == [("a", False), ("b", False)]
+    assert "  0 of 2 modules of 2 recipes loaded prebuilt, 2 did not (0 would JIT-compile); " in (
+        output
+    )

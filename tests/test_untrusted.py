@@ -24,7 +24,14 @@ from sm120_build.jit_cache.overlay import check_base, overlay_base
 from sm120_build.jit_cache.shards import ShardSpec, read_shards, write_shard
 from sm120_build.vendor import vendor_upstream
 
-from .conftest import REPO, fixture_upstream, make_tarball, record_of, zip_wheel
+from .conftest import (
+    REPO,
+    fixture_upstream,
+    install_this_project,
+    make_tarball,
+    record_of,
+    zip_wheel,
+)
 
 MODULE = "flashinfer_jit_cache/jit_cache/norm/norm.so"
 
@@ -244,8 +251,12 @@ def wheelhouse_of(directory: Path, body: bytes) -> Path:
 
 
 def node_python(tmp_path: Path) -> Path:
+    """A node's venv, holding this package with its requirements, as the wheelhouse installs
+    it (the install checks provenance with securesystemslib)."""
     venv.create(tmp_path / "node", with_pip=True)
-    return tmp_path / "node" / "bin" / "python"
+    python = tmp_path / "node" / "bin" / "python"
+    install_this_project(str(python), tmp_path)
+    return python
 
 
 def install_from(python: Path, wheelhouse: Path) -> subprocess.CompletedProcess[str]:
@@ -253,8 +264,7 @@ def install_from(python: Path, wheelhouse: Path) -> subprocess.CompletedProcess[
     code += "from sm120_build.errors import exit_status; "
     code += f"sys.exit(exit_status(lambda: install_checked(pathlib.Path({str(wheelhouse)!r})) "
     code += "or 0, False))"
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env)
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True)
 
 
 @pytest.mark.slow

@@ -284,7 +284,8 @@ def _load_modules(recipes: dict[str, str], major: int) -> tuple[list[dict[str, A
     print(
         f"  {len(loaded)} of {len(results)} modules of {len(recipes)} recipes loaded "
         f"prebuilt, {len(results) - len(loaded)} did not ({jit} would JIT-compile); "
-        f"{total:.2f} s; slowest: "
+        f"{total:.2f} s"
+        + ("; slowest: " if slowest else "")
         + ", ".join(f"{r['module']} {r['load_seconds']:.3f} s" for r in slowest)
     )
     if driver:

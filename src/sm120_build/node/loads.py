@@ -60,18 +60,24 @@ def flashinfer_warnings() -> Iterator[list[str]]:
             logger.removeHandler(recorded)
 
 
+class FlashInferRefused(Exception):
+    """`import flashinfer` raised: no module of it can load."""
+
+
 def provider_problems() -> list[str]:
     """FlashInfer 0.7 takes prebuilt modules only from providers it accepts, and falls back
     to JIT-compiling with no more than a warning in the log when it ignores one (a version
     mismatch) or when no provider's archs cover the GPU. Each such case is a problem here,
     named. FlashInfer 0.6 has no providers: nothing to say (its modules are checked one by
     one). Call after FLASHINFER_CUDA_ARCH_LIST is set: FlashInfer reads the target from it
-    when it is first imported."""
+    when it is first imported. Raises FlashInferRefused when importing FlashInfer raises."""
     with flashinfer_warnings() as warnings:
         try:
             env = importlib.import_module("flashinfer.jit.env")
         except ModuleNotFoundError:
             return []  # no FlashInfer here: each module says so
+        except Exception as exc:  # FlashInfer refuses to start (patch 0007's series check)
+            raise FlashInferRefused(str(exc)) from exc
     providers = getattr(env, "FLASHINFER_AOT_PROVIDERS", None)
     if providers is None:
         return []
@@ -144,7 +150,11 @@ def _has_nvcc(directory: str) -> bool:
 def check(recipes: dict[str, str], major: int) -> tuple[list[dict[str, Any]], list[str]]:
     """Load every module the recipes name; return (per-module results, problems)."""
     results: list[dict[str, Any]] = []
-    problems: list[str] = provider_problems()
+    try:
+        problems: list[str] = provider_problems()
+    except FlashInferRefused as refusal:
+        unloaded = [{"module": None, "recipe": r, "aot": False, "loaded": False} for r in recipes]
+        return unloaded, [f"FlashInfer does not import, so no module loads: {refusal}"]
     for recipe, call in recipes.items():
         if sglang_kernels.is_sglang_call(call):
             kernel, found = check_sglang_kernel(recipe, call, major)
