@@ -131,7 +131,7 @@ def _install(session: nox.Session, *requirements: str, project: bool = True) -> 
         return
     session.log(f"installing {len(requirements)} pinned requirement(s) (minutes the first time)")
     # pip's own lines (Collecting, Downloading with sizes) are the progress of a long install.
-    session.install(*(["."] if project else []), *requirements, silent=False)
+    session.install(*([".[forge]"] if project else []), *requirements, silent=False)
     if stamp is not None:
         stamp.write_text(wanted)
 
@@ -511,8 +511,11 @@ def mutants(session: nox.Session) -> None:
         *_compile_requirements(pins),
         *pins["test"],
         *pins["publish"],
-        # The package's own requirements, as its install would bring them.
+        # The package's own requirements, as `pip install .[forge]` would bring them.
         *nox.project.load_toml(ROOT / "pyproject.toml")["project"]["dependencies"],
+        *nox.project.load_toml(ROOT / "pyproject.toml")["project"]["optional-dependencies"][
+            "forge"
+        ],
         project=False,
     )
     shutil.rmtree(ROOT / "mutants", ignore_errors=True)  # results of other code would be reused

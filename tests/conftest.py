@@ -166,14 +166,16 @@ def build_wheels(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def install_this_project(python: str, scratch: Path) -> None:
+def install_this_project(python: str, scratch: Path, extras: str = "") -> None:
     """pip install this checkout's package, as it is now, into `python`'s environment, from
-    a copy (a build from the checkout itself leaves build/ and an .egg-info in it)."""
+    a copy (a build from the checkout itself leaves build/ and an .egg-info in it): as a
+    node has it, or with `extras` ("forge": as the build machine has it)."""
     copy = scratch / "sm120-build-source"
     copy.mkdir()
     shutil.copy(REPO / "pyproject.toml", copy)
     shutil.copytree(REPO / "src", copy / "src", ignore=shutil.ignore_patterns("*.egg-info"))
-    subprocess.run([python, "-m", "pip", "install", "--quiet", str(copy)], check=True, cwd=scratch)
+    target = f"{copy}[{extras}]" if extras else str(copy)
+    subprocess.run([python, "-m", "pip", "install", "--quiet", target], check=True, cwd=scratch)
 
 
 @pytest.fixture(scope="module")

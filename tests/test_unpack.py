@@ -180,7 +180,7 @@ def test_a_python_without_tar_filters_unpacks_as_strictly(tmp_path: Path) -> Non
         pytest.skip("no interpreter without tarfile's filters on this machine")
     subprocess.run([python, "-m", "venv", str(tmp_path / "venv")], check=True)
     venv_python = str(tmp_path / "venv" / "bin" / "python")
-    install_this_project(venv_python, tmp_path)
+    install_this_project(venv_python, tmp_path, "forge")
     chain = tarball(
         tmp_path / "chain.tar.gz",
         entry("demo-1.0/up", tarfile.SYMTYPE, ".."),

@@ -252,7 +252,7 @@ def wheelhouse_of(directory: Path, body: bytes) -> Path:
 
 def node_python(tmp_path: Path) -> Path:
     """A node's venv, holding this package with its requirements, as the wheelhouse installs
-    it (the install checks provenance with securesystemslib)."""
+    it."""
     venv.create(tmp_path / "node", with_pip=True)
     python = tmp_path / "node" / "bin" / "python"
     install_this_project(str(python), tmp_path)

@@ -16,6 +16,7 @@ is this file, by name and sha256.
 from __future__ import annotations
 
 import binascii
+import importlib.util
 import json
 import os
 import socket
@@ -93,6 +94,12 @@ def signing_key(path: Path | None) -> CryptoSigner | None:
 
 def trusted_key(path: Path) -> SSlibKey:
     """The Ed25519 public key a node trusts, from PEM (`openssl pkey -pubout`)."""
+    if importlib.util.find_spec("securesystemslib") is None:
+        raise UserError(
+            "checking signed provenance needs securesystemslib, which this environment "
+            "lacks: install it from your index with `pip install 'sm120-build[provenance]'` "
+            "(a node installed from node-lock.txt has it). Nothing was installed."
+        )
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
     from securesystemslib.signer import SSlibKey

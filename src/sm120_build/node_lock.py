@@ -31,6 +31,9 @@ LOCK_FILE = "node-lock.txt"
 # sglang 0.5.9's own Docker image runs Python 3.12. The platform, unless given, is the
 # newest manylinux tag among our wheels (the jit-cache's, set by the glibc its binaries
 # need): a node must run those anyway, and an older target would exclude them.
+# A fresh node's sm120-build checks signed provenance (--trust-key): the lock takes in what
+# that needs, as the package's own `provenance` extra declares it.
+NODE_EXTRAS = {"sm120-build": "[provenance]"}
 DEFAULT_PYTHON = "3.12"
 FALLBACK_PLATFORM = "x86_64-manylinux_2_28"  # when every wheel of ours is pure Python
 
@@ -148,7 +151,9 @@ def uv_compile(
     """`uv pip compile` of `roots` (NAME==VERSION each, as node.in in `scratch`) for
     `target`, with uv's own configuration files ignored (pip's sources are what counts,
     given in `options`)."""
-    (scratch / "node.in").write_text("".join(f"{pin.name}=={pin.version}\n" for pin in roots))
+    (scratch / "node.in").write_text(
+        "".join(f"{pin.name}{NODE_EXTRAS.get(pin.name, '')}=={pin.version}\n" for pin in roots)
+    )
     return subprocess.run(
         [
             sys.executable,
