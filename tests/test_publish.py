@@ -558,6 +558,7 @@ def test_publishes_what_build_wheels_produced(
     assert "flashinfer-cubin" in installed
 
 
+@pytest.mark.slow
 def test_the_verifying_node_recipe_installs_the_signed_build_and_refuses_a_swap(
     built_project: Path, index: Any, tmp_path: Any
 ) -> None:
