@@ -147,14 +147,20 @@ def _has_nvcc(directory: str) -> bool:
     return bool(directory) and (Path(directory) / "nvcc").exists()
 
 
+def _no_module(recipe: str) -> dict[str, Any]:
+    """The result of a recipe that gave no module to load."""
+    return {"module": None, "recipe": recipe, "aot": False, "loaded": False}
+
+
 def check(recipes: dict[str, str], major: int) -> tuple[list[dict[str, Any]], list[str]]:
     """Load every module the recipes name; return (per-module results, problems)."""
     results: list[dict[str, Any]] = []
     try:
         problems: list[str] = provider_problems()
     except FlashInferRefused as refusal:
-        unloaded = [{"module": None, "recipe": r, "aot": False, "loaded": False} for r in recipes]
-        return unloaded, [f"FlashInfer does not import, so no module loads: {refusal}"]
+        return [_no_module(recipe) for recipe in recipes], [
+            f"FlashInfer does not import, so no module loads: {refusal}"
+        ]
     for recipe, call in recipes.items():
         if sglang_kernels.is_sglang_call(call):
             kernel, found = check_sglang_kernel(recipe, call, major)
@@ -169,11 +175,11 @@ def check(recipes: dict[str, str], major: int) -> tuple[list[dict[str, Any]], li
                 f"FlashInfer needs for it: install it (pip install {exc.name}), or the whole "
                 "environment the pinned sglang needs"
             )
-            results.append({"module": None, "recipe": recipe, "aot": False, "loaded": False})
+            results.append(_no_module(recipe))
             continue
         except Exception as exc:  # e.g. an SM12x-only generator on another GPU
             problems.append(f"{recipe}: FlashInfer does not make it for this GPU ({exc})")
-            results.append({"module": None, "recipe": recipe, "aot": False, "loaded": False})
+            results.append(_no_module(recipe))
             continue
         for spec in specs:
             if any(r["module"] == spec.name for r in results):
