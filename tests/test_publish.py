@@ -528,16 +528,23 @@ def test_credentials_appear_nowhere(project: Path, index: Any, tmp_path: Path) -
         assert PASSWORD.encode() not in path.read_bytes(), path
 
 
+def published_copy(built_project: Path, tmp_path: Path) -> Path:
+    """A project root holding this repo's pins and a copy of the built wheelhouse (its
+    envelopes included), to publish from."""
+    root = tmp_path / "published"
+    root.mkdir()
+    shutil.copy(REPO / "pins.toml", root)
+    shutil.copytree(built_project / "wheelhouse", root / "wheelhouse")
+    return root
+
+
 @pytest.mark.slow
 def test_publishes_what_build_wheels_produced(
     built_project: Path, index: Any, tmp_path: Any
 ) -> None:
     """The README's node command against the published index alone (no fallback to the
     public one): our wheels and flashinfer-cubin, which publish took along, hash-checked."""
-    root = tmp_path / "published"
-    root.mkdir()
-    shutil.copy(REPO / "pins.toml", root)
-    shutil.copytree(built_project / "wheelhouse", root / "wheelhouse")
+    root = published_copy(built_project, tmp_path)
     result = publish(root, "--repository-url", index.upload, "--index-url", index.simple)
     assert result.returncode == 0, result.stderr
     assert result.stderr.count(": uploaded") == 5  # our four wheels and flashinfer-cubin
@@ -566,10 +573,7 @@ def test_the_verifying_node_recipe_installs_the_signed_build_and_refuses_a_swap(
     off) and a static tree; on the node, the wheels from the index, the lock directory from
     the tree, sm120-verify-provenance, then pip from the verified files alone. A wheel
     swapped on the index after signing is refused, and nothing is installed."""
-    root = tmp_path / "published"
-    root.mkdir()
-    shutil.copy(REPO / "pins.toml", root)
-    shutil.copytree(built_project / "wheelhouse", root / "wheelhouse")
+    root = published_copy(built_project, tmp_path)
     uploaded = publish(root, "--repository-url", index.upload, "--index-url", index.simple)
     assert uploaded.returncode == 0, uploaded.stderr
     assert "provenance envelopes not uploaded: an index takes distributions only" in (
