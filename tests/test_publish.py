@@ -142,6 +142,9 @@ def hash_checked_install(
         "PATH": os.environ["PATH"],
         "HOME": str(requirements.parent),
         "PIP_CONFIG_FILE": os.devnull,
+        # A node's pip cache is not under test, and for the fresh-node closure it would hold
+        # a second copy of its gigabytes on CI's disk beside the venv.
+        "PIP_NO_CACHE_DIR": "1",
     }
     pip = [str(python), "-m", "pip", "install", "--quiet", "--require-hashes", "--no-deps"]
     return subprocess.run(
