@@ -70,6 +70,7 @@ class Reader:
             return self._open(url, None)
         except urllib.error.HTTPError as exc:
             if exc.code == 401 and self.credentials is not None:
+                exc.close()  # the refusal's connection: the authenticated request opens its own
                 return self._get_authenticated(url)
             return self._failure(url, exc)
 
@@ -107,6 +108,7 @@ class Reader:
 
     @staticmethod
     def _failure(url: str, exc: urllib.error.HTTPError) -> None:
+        exc.close()  # it holds the response's connection open
         if exc.code == 404:
             return None
         hint = ""
