@@ -3,16 +3,22 @@ the gate summary and the exit status, each checked whole."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
 from sm120_build.audit import Report
 from sm120_build.audit.scope import Finding
 from sm120_build.bump.candidate import Candidate, GateSummary
 from sm120_build.bump.classify import HunkVerdict, PatchVerdict
-from sm120_build.bump.report import as_json, audit_summary, table, verdict
+from sm120_build.bump.report import as_json, audit_summary, companion_hashes, table, verdict
 from sm120_build.pins import Artifact, Upstream
+
+from .conftest import zip_wheel
 
 FLASHINFER = Upstream(
     name="flashinfer",
@@ -118,7 +124,9 @@ def test_the_json_carries_the_status_and_every_candidate_whole() -> None:
         audit=gates,
         requires={"flashinfer-python": Requirement("flashinfer_python[cu13]==0.7.2")},
     )
-    document = json.loads(as_json([candidate, Candidate(FLASHINFER)], (1, "0001.patch")))
+    text = as_json([candidate, Candidate(FLASHINFER)], (1, "0001.patch"))
+    assert text.startswith('{\n  "exit_status": 1,\n  "verdict": "0001.patch",\n')
+    document = json.loads(text)
     assert document["exit_status"] == 1 and document["verdict"] == "0001.patch"
     first, second = document["candidates"]
     assert first["upstream"]["version"] == "0.5.23"
@@ -157,6 +165,7 @@ def test_the_gate_summary_counts_scoped_unwaived_gates_and_names_each() -> None:
         finding(20, in_scope=True, waiver="runs on the host only"),
         finding(30, in_scope=False),
         finding(40, in_scope=False),
+        finding(50, in_scope=False),
     ]
     report = Report(findings, [], ["csrc/gone/*.cu"])
     summary = audit_summary(report, ["csrc/gone/*.cu"])
@@ -164,7 +173,7 @@ def test_the_gate_summary_counts_scoped_unwaived_gates_and_names_each() -> None:
     assert summary.lines == [
         "1 gate(s) in scope still exclude SM120",
         f"GATE flashinfer/include/comm.cuh:10 {condition}",
-        "2 reported outside the audit's scope (not failing)",
+        "3 reported outside the audit's scope (not failing)",
         "MISSING scoped file(s): csrc/gone/*.cu",
     ]
     assert len(condition) == 70
@@ -201,3 +210,34 @@ def test_the_verdict_names_each_piece_of_work_that_remains() -> None:
         2,
         "pins split; cubin gone",
     )
+
+
+def test_a_companion_s_hashes_are_those_of_each_of_its_wheels_pip_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    links = tmp_path / "links"
+    links.mkdir()
+
+    def cubin(version: str, tag: str) -> Path:
+        info = f"flashinfer_cubin-{version}.dist-info"
+        return zip_wheel(
+            links / f"flashinfer_cubin-{version}-{tag}.whl",
+            {
+                f"{info}/METADATA": (
+                    f"Metadata-Version: 2.1\nName: flashinfer-cubin\nVersion: {version}\n"
+                ).encode(),
+                f"{info}/WHEEL": f"Wheel-Version: 1.0\nTag: {tag}\n".encode(),
+            },
+        )
+
+    wanted = cubin("0.6.4", "py3-none-any")
+    cubin("0.6.5", "py3-none-any")  # another release: not taken
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    out = tmp_path / "out"
+    out.mkdir()
+    assert companion_hashes("flashinfer-cubin", "0.6.4", out) == [
+        hashlib.sha256(wanted.read_bytes()).hexdigest()
+    ]
+    assert [p.name for p in out.iterdir()] == [wanted.name]

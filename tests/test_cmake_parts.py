@@ -21,7 +21,10 @@ TOOLKIT = Toolkit(Path("/opt/cuda"), (13, 0), "13.0.88", frozenset({"sm_120"}))
 
 
 def program(path: Path, stdout: str, stderr: str = "") -> Path:
-    path.write_text(f"#!/bin/sh\nprintf '{stdout}'\nprintf '{stderr}' >&2\n")
+    """A compiler that says who it is to --version, and nothing to anything else."""
+    path.write_text(
+        f"#!/bin/sh\n[ \"$*\" = --version ] || exit 1\nprintf '{stdout}'\nprintf '{stderr}' >&2\n"
+    )
     path.chmod(0o755)
     return path
 
@@ -64,6 +67,13 @@ def test_the_wheel_ships_flashinfer_s_fmt_s_and_tvm_ffi_s_license_texts(tmp_path
     assert (licenses / "FlashInfer-LICENSE.txt").read_text() == "FlashInfer's license\n"
     assert (licenses / "fmt-LICENSE.rst").read_text() == "fmt's license\n"
     assert "Apache License" in (licenses / "tvm-ffi-LICENSE.txt").read_text()
+    assert (licenses / "tvm-ffi-NOTICE.txt").read_text().strip()
+    assert sorted(p.name for p in licenses.iterdir()) == [
+        "FlashInfer-LICENSE.txt",
+        "fmt-LICENSE.rst",
+        "tvm-ffi-LICENSE.txt",
+        "tvm-ffi-NOTICE.txt",
+    ]
     (sources / "LICENSE").unlink()
     with pytest.raises(UserError) as refused:
         cmake.add_license_texts(sources, licenses)
@@ -96,7 +106,8 @@ def test_machine_paths_are_replaced_longest_first_in_every_part_of_a_module(
         **{path: "$TVM_FFI" for path in tvm_ffi},
         str(sglang): "$SGLANG",
     }
-    assert str(sglang) not in cmake.machine_paths(sources, TOOLKIT, None)
+    without_sglang = {path: name for path, name in paths.items() if name != "$SGLANG"}
+    assert cmake.machine_paths(sources, TOOLKIT, None) == without_sglang
     module = Module(
         name="norm",
         recipe="norm",
@@ -129,6 +140,7 @@ def test_the_recorded_commands_are_compile_commands_json_sorted_with_paths_named
     tmp_path: Path,
 ) -> None:
     sources = tmp_path / "flashinfer"
+    sglang = tmp_path / "sglang"
     build = tmp_path / "build"
     build.mkdir()
     entries = [
@@ -137,13 +149,13 @@ def test_the_recorded_commands_are_compile_commands_json_sorted_with_paths_named
             "output": "b.o",
             "command": f"/opt/cuda/bin/nvcc -I{sources}/include -o {build}/b.o '-DX=a b'",
         },
-        {"file": f"{sources}/csrc/a.cu", "output": "a2.o", "command": "c++ -c a.cu -o a2.o"},
+        {"file": f"{sources}/csrc/a.cu", "output": "a2.o", "command": f"c++ -I{sglang} -o a2.o"},
         {"file": f"{sources}/csrc/a.cu", "output": "a1.o", "command": "c++ -c a.cu -o a1.o"},
     ]
     (build / "compile_commands.json").write_text(json.dumps(entries))
-    assert cmake._recorded_commands(build, sources, TOOLKIT, None) == [
+    assert cmake._recorded_commands(build, sources, TOOLKIT, sglang) == [
         ["c++", "-c", "a.cu", "-o", "a1.o"],
-        ["c++", "-c", "a.cu", "-o", "a2.o"],
+        ["c++", "-I$SGLANG", "-o", "a2.o"],
         ["$CUDA_HOME/bin/nvcc", "-I$FLASHINFER/include", "-o", "$BUILD/b.o", "-DX=a b"],
     ]
 
@@ -156,8 +168,9 @@ def test_compile_seconds_sum_each_module_s_units_from_ninja_s_log(tmp_path: Path
         "0\t2250\t1\tCMakeFiles/rope.dir/rope.cu.o\tghi\n"
         "2300\t2400\t1\tnorm.so\tjkl\n"  # the link: not a compile
         "0\t9000\t1\tCMakeFiles/odd.dir/x.o\n"  # four fields: not ninja's line
+        "0\t500\t1\tCMakeFiles/rope.dir/my unit.cu.o\tmno\n"  # a space in a path
     )
-    assert cmake._compile_seconds(tmp_path) == {"norm": 2.0, "rope": 2.25}
+    assert cmake._compile_seconds(tmp_path) == {"norm": 2.0, "rope": 2.75}
 
 
 def test_the_compile_environment_scrubs_every_flag_hook_and_keeps_the_rest(
@@ -174,4 +187,67 @@ def test_the_compile_environment_scrubs_every_flag_hook_and_keeps_the_rest(
         "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs),
     }
     assert 1 <= jobs <= (os.cpu_count() or 1)
-    assert cmake._available_memory() > 0
+
+
+def test_the_memory_available_is_the_kernel_s_memavailable_in_bytes() -> None:
+    meminfo = Path("/proc/meminfo").read_text()
+    (kilobytes,) = [int(line.split()[1]) for line in meminfo.splitlines() if "MemAvailable" in line]
+    # The two reads are moments apart: within 5 %.
+    assert abs(cmake._available_memory() - kilobytes * 1024) < kilobytes * 1024 * 0.05
+
+
+def test_the_module_list_cmake_reads_is_written_whole(tmp_path: Path) -> None:
+    """Every section of a flashinfer_module() call, quoted, duplicates dropped, and what
+    CMake links by itself (cudart, -shared, tvm-ffi's library) left out."""
+    tvm_ffi = f"-L{cmake.tvm_ffi_library_dir()}"
+    module = Module(
+        name="norm",
+        recipe="norm",
+        cuda_sources=["/src/norm.cu"],
+        cxx_sources=["/src/binding.cpp"],
+        cuda_flags=["-I/inc", "-isystem", "/sys", "-O3"],
+        cxx_flags=["-I/inc", "-isystem", "/sys", "-fPIC"],
+        link_flags=[
+            "-shared",
+            "-lcudart",
+            tvm_ffi,
+            "-ltvm_ffi",
+            "-L/opt/cuda/lib64/stubs",
+            "-L/opt/cuda/lib64",
+            "-L/opt/cuda/lib64",
+            "-lcuda",
+            "-lnvrtc",
+            "-lcuda",
+            "-Wl,--no-undefined",
+        ],
+        device_link=False,
+    )
+    assert cmake.modules_cmake([module], TOOLKIT, tmp_path / "stub") == (
+        "# Rendered by sm120_build from the patched FlashInfer's JIT specs.\n"
+        "\n"
+        "flashinfer_module(\n"
+        "  NAME norm\n"
+        '  CUDA_SOURCES\n    "/src/norm.cu"\n'
+        '  CXX_SOURCES\n    "/src/binding.cpp"\n'
+        '  INCLUDES\n    "/inc"\n'
+        '  SYSTEM_INCLUDES\n    "/sys"\n'
+        '  CUDA_FLAGS\n    "-O3"\n'
+        '  CXX_FLAGS\n    "-fPIC"\n'
+        f'  LINK_DIRS\n    "{tmp_path / "stub"}"\n    "/opt/cuda/lib64"\n'
+        '  LIBRARIES\n    "cuda"\n    "nvrtc"\n'
+        '  LINK_FLAGS\n    "-Wl,--no-undefined"\n'
+        ")\n"
+    )
+
+
+def test_the_build_s_output_is_kept_whole_in_its_log_and_only_progress_is_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = 'echo "-- noise $MARK"; echo "[1/2] Building CUDA object a.o"; echo "an error" >&2'
+    command = ["/bin/sh", "-c", f"{script}; exit 3"]
+    env = {"PATH": "/usr/bin:/bin", "MARK": "from the build's environment"}
+    assert cmake._run_showing_progress(command, env, tmp_path / "log") == 3
+    assert (tmp_path / "log").read_text() == (
+        "-- noise from the build's environment\n[1/2] Building CUDA object a.o\nan error\n"
+    )
+    assert capsys.readouterr().err == "[1/2] Building CUDA object a.o\n"

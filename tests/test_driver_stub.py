@@ -57,8 +57,15 @@ def test_the_driver_functions_are_cuda_h_s_curesult_functions_by_their_link_name
 def test_the_stub_is_a_shared_library_named_for_the_driver_that_defines_each_function(
     tmp_path: Path,
 ) -> None:
-    directory = driver_stub(toolkit_with(tmp_path, CUDA_H), tmp_path / "stub" / "lib")
+    toolkit = toolkit_with(tmp_path, CUDA_H)
+    driver_stub(toolkit, tmp_path / "stub" / "lib")
+    directory = driver_stub(toolkit, tmp_path / "stub" / "lib")  # again, over the first
     assert directory == tmp_path / "stub" / "lib"
+    source = (directory / "libcuda-stub.c").read_text()
+    assert source.startswith(
+        "/* Link-time stand-in for the NVIDIA driver: never run (sm120_build/jit_cache/"
+        "driver_stub.py). */\nint cuDeviceGet(void) { return 999; }\n"
+    )
     library = directory / "libcuda.so"
     dynamic = subprocess.run(
         ["readelf", "-d", str(library)], capture_output=True, text=True, check=True
@@ -85,18 +92,28 @@ def test_a_cuda_h_that_declares_no_driver_function_is_refused(tmp_path: Path) ->
         driver_functions(toolkit_with(tmp_path, "typedef int CUresult;\n"))
 
 
-def test_a_stub_the_compiler_cannot_link_is_refused_with_its_words(tmp_path: Path) -> None:
-    # A compiler that preprocesses (it reads cuda.h) but fails to link the library.
+def test_a_stub_the_compiler_cannot_link_is_refused_with_its_last_words(tmp_path: Path) -> None:
+    # The compiler named, not gcc: it preprocesses cuda.h (declaring one more function of
+    # its own), and fails to link, saying more than the message keeps.
     compiler = tmp_path / "cc-that-cannot-link"
     compiler.write_text(
-        '#!/bin/sh\ncase " $* " in *" -E "*) exec gcc "$@";; esac\n'
-        'echo "ld: cannot link for this test" >&2\nexit 1\n'
+        '#!/bin/sh\ncase " $* " in *" -E "*) gcc "$@"; echo "CUresult cuOfTheNamedCompiler(void);"'
+        "; exit 0;; esac\n"
+        'printf "ld: %01500d" 0 >&2\nexit 1\n'
     )
     compiler.chmod(0o755)
     with pytest.raises(UserError) as refused:
         driver_stub(toolkit_with(tmp_path, CUDA_H), tmp_path / "stub", str(compiler))
-    assert str(refused.value) == (
-        "cannot build the link-time driver stub: ld: cannot link for this test"
-    )
+    assert str(refused.value) == "cannot build the link-time driver stub: " + "0" * 1000
     source = (tmp_path / "stub" / "libcuda-stub.c").read_text()
     assert "int cuInit(void) { return 999; }\n" in source
+    assert "int cuOfTheNamedCompiler(void) { return 999; }\n" in source
+
+
+def test_a_compiler_s_long_complaint_is_cut_to_its_end(tmp_path: Path) -> None:
+    compiler = tmp_path / "cc-that-cannot-read"
+    compiler.write_text('#!/bin/sh\nprintf "cpp: %0700d" 0 >&2\nexit 1\n')
+    compiler.chmod(0o755)
+    with pytest.raises(UserError) as refused:
+        driver_functions(toolkit_with(tmp_path, CUDA_H), str(compiler))
+    assert str(refused.value).endswith(f"({compiler}: {'0' * 500})")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.server
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -116,19 +117,28 @@ def test_only_the_asked_project_s_files_are_listed_find_links_first(
     links.mkdir()
     for name in ("demo-0.9.tar.gz", "Demo-1.1-py3-none-any.whl", "unrelated-1.0.tar.gz", "x"):
         (links / name).write_text(name)
+    more = tmp_path / "more"
+    more.mkdir()
+    (more / "demo-0.8.tar.gz").write_text("demo")
     sources = Sources(
-        (str(links), str(tmp_path / "missing"), f"{server}/simple/demo/"), (f"{server}/simple",)
+        (str(links), str(tmp_path / "missing"), str(more), f"{server}/simple/demo/"),
+        (f"{server}/simple/",),
     )
     found = index.project_links(sources, "DEMO", 5)
     assert [link.name for link in found] == [
         "Demo-1.1-py3-none-any.whl",
         "demo-0.9.tar.gz",
+        "demo-0.8.tar.gz",  # the second directory
         "demo-1.0.tar.gz",  # the find-links page
         "demo-1.0-py3-none-any.whl",
         "demo-1.0.tar.gz",  # the index's project page, /simple/demo/
         "demo-1.0-py3-none-any.whl",
     ]
     assert found[0].url == (links / "Demo-1.1-py3-none-any.whl").resolve().as_uri()
+    assert [link.url for link in found[3:]] == [
+        f"{server}/files/demo-1.0.tar.gz",
+        f"{server}/files/demo-1.0-py3-none-any.whl",
+    ] * 2
     assert index.project_links(Sources((), (f"{server}/simple",)), "absent", 5) == []
 
 
@@ -249,3 +259,77 @@ def test_a_download_that_cannot_be_written_keeps_nothing_and_says_what_to_do(
         "kept. Free space there (or set SM120_CACHE_DIR elsewhere) and run again."
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_pip_s_sources_come_from_its_configuration_as_pip_ranks_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The download command's section beats [global], PIP_* beats both; --no-index leaves
+    the find-links alone."""
+    config = tmp_path / "pip.conf"
+    config.write_text(
+        "[global]\n"
+        "index-url = https://global.invalid/simple\n"
+        "extra-index-url = https://extra.invalid/simple https://more.invalid/simple\n"
+        "find-links = /srv/global-links\n"
+        "constraint = /etc/global-constraints.txt\n"
+        "no-index = false\n"
+        "[download]\n"
+        "index-url = https://download.invalid/simple\n"
+        "constraint = /etc/download-constraints.txt\n"
+        "[install]\n"
+        "index-url = https://install.invalid/simple\n"
+    )
+    for name in [n for n in os.environ if n.startswith("PIP_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
+    monkeypatch.setenv("PIP_FIND_LINKS", "/srv/a /srv/b")
+    assert index.pip_sources() == Sources(
+        ("/srv/a", "/srv/b"),
+        (
+            "https://download.invalid/simple",
+            "https://extra.invalid/simple",
+            "https://more.invalid/simple",
+        ),
+        ("/etc/download-constraints.txt",),
+    )
+    monkeypatch.setenv("PIP_INDEX_URL", "https://env.invalid/simple")
+    assert index.pip_sources().indexes[0] == "https://env.invalid/simple"
+    for no_index in ("1", "true", "YES", "on"):
+        monkeypatch.setenv("PIP_NO_INDEX", no_index)
+        assert index.pip_sources() == Sources(
+            ("/srv/a", "/srv/b"), (), ("/etc/download-constraints.txt",)
+        )
+    monkeypatch.setenv("PIP_NO_INDEX", "0")
+    assert len(index.pip_sources().indexes) == 3
+
+
+def test_without_an_index_url_pip_s_own_default_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pip._internal.models.index import PyPI
+
+    for name in [n for n in os.environ if n.startswith("PIP_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    assert index.pip_sources() == Sources((), (PyPI.simple_url,), ())
+
+
+def test_a_pip_that_cannot_read_its_configuration_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "pip.conf"
+    config.write_text("[global\nindex-url = broken\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
+    with pytest.raises(UserError) as refused:
+        index.pip_sources()
+    assert str(refused.value).startswith("`pip config list` failed:\n")
+    assert "pip.conf" in str(refused.value)
+
+
+def test_a_page_that_is_not_utf_8_still_gives_its_links() -> None:
+    page = b'<a href="demo-1.0.tar.gz">caf\xe9</a><a href="demo-1.1.tar.gz">x</a>'
+    assert index.page_links(page) == ["demo-1.0.tar.gz", "demo-1.1.tar.gz"]
+
+
+def test_a_url_without_credentials_is_left_exactly_as_it_was() -> None:
+    url = "https://Index.Example:8443/Simple/"
+    assert index._without_credentials(url) == url

@@ -302,7 +302,9 @@ def test_render_without_flashinfer_says_what_to_run(tmp_path: Path) -> None:
     toolkit = Toolkit(Path("/opt/cuda"), (13, 0), "13.0.88", frozenset({"sm_120"}))
     (tmp_path / "flashinfer-tree").mkdir()
     with pytest.raises(
-        UserError, match=r"could not render .*ModuleNotFoundError.*nox -s build_wheels"
+        UserError,
+        match=r"could not render .*ModuleNotFoundError.*; run through `nox -s build_wheels`, "
+        r"which installs pins\.toml's \[render\] requirements$",
     ):
         render_modules(
             tmp_path / "flashinfer-tree",

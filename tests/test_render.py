@@ -33,7 +33,9 @@ def generate_ninja_build_for_op(name, sources, cflags, cuda_cflags, ldflags, inc
     seen = [f"-DARCHS={os.environ['FLASHINFER_CUDA_ARCH_LIST'].replace(' ', '_')}",
             f"-DTVM={os.environ['TVM_FFI_CUDA_ARCH_LIST'].replace(' ', '_')}",
             f"-DSEED={os.environ.get('PYTHONHASHSEED')}", f"-DCWD={os.getcwd()}",
-            f"-DSTRAY={os.environ.get('SCHEDULING_MODE', 'none')}"]
+            f"-DSTRAY={os.environ.get('SCHEDULING_MODE', 'none')}",
+            f"-DPATHS={len(os.environ['PYTHONPATH'].split(os.pathsep))}",
+            f"-DNAME={name}", *(f"-I{include}" for include in includes)]
     lines = ["cuda_home = " + os.environ["CUDA_HOME"],
              "cflags = -O3 " + " ".join(cflags),
              "cuda_cflags = $common_cflags " + " ".join(seen + cuda_cflags),
@@ -67,7 +69,7 @@ def gen_norm_module():
     return JitSpec("norm", ["norm.cu", "norm_binding.cpp"], ["-DX"], SM120, ["-lcuda"])
 
 def gen_pair():
-    return [gen_norm_module(), JitSpec("rope", ["rope.cu"], [], SM120)]
+    return [gen_norm_module(), gen_rope()]
 
 def gen_linked_module():
     return JitSpec("linked", ["l.cu"], [], SM120, needs_device_linking=True)
@@ -75,8 +77,18 @@ def gen_linked_module():
 def gen_sm90_only():
     return JitSpec("sm90", ["h.cu"], [], ["-gencode=arch=compute_90a,code=sm_90a"])
 
+def gen_rope():
+    return JitSpec("rope", ["rope.cu"], [], SM120)
+
+def gen_with_includes():
+    return JitSpec("inc", ["i.cu"], [], SM120, extra_include_dirs=["/gen/inc"])
+
 def gen_broken():
     raise RuntimeError("this recipe does not exist in this release")
+
+def gen_silent():
+    import os
+    os._exit(3)
 """
 
 
@@ -95,7 +107,7 @@ def sources(tmp_path: Path) -> Path:
 
 
 def test_each_recipe_s_modules_come_back_as_flashinfer_would_build_them(
-    sources: Path, monkeypatch: pytest.MonkeyPatch
+    sources: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("SCHEDULING_MODE", "1")  # a generator's own variable, from the shell
     modules = render(
@@ -110,22 +122,42 @@ def test_each_recipe_s_modules_come_back_as_flashinfer_would_build_them(
         "-DSEED=0",
         f"-DCWD={sources.parent}",
         "-DSTRAY=none",
+        "-DPATHS=2",  # the patched FlashInfer and this package; no sglang
     ]
+    assert "rendering 2 module recipe(s) with the patched FlashInfer" in capfd.readouterr().err
     sm120 = "-gencode=arch=compute_120f,code=sm_120f"
     norm = Module(
         name="norm",
         recipe="norm",
         cuda_sources=["norm.cu"],
         cxx_sources=["norm_binding.cpp"],
-        cuda_flags=["-I/opt/cuda/include", *seen, sm120],
+        cuda_flags=["-I/opt/cuda/include", *seen, "-DNAME=norm", sm120],
         cxx_flags=["-O3", "-DX"],
         link_flags=["-shared", "-lcuda"],
         device_link=False,
     )
-    rope = Module("rope", "pair", ["rope.cu"], [], norm.cuda_flags, ["-O3"], ["-shared"], False)
+    rope_flags = ["-I/opt/cuda/include", *seen, "-DNAME=rope", sm120]
+    rope = Module("rope", "pair", ["rope.cu"], [], rope_flags, ["-O3"], ["-shared"], False)
     assert modules == [norm, rope]  # by name; norm once, from the first recipe that makes it
     assert (norm.units, rope.units) == (2, 1)
     assert norm.gencodes == [sm120]
+
+
+def test_sglang_s_tree_is_on_the_child_s_path_when_its_kernels_are_rendered(
+    sources: Path, tmp_path: Path
+) -> None:
+    (module,) = render(
+        sources, {"rope": "flashinfer.recipes:gen_rope()"}, ARCHS, TOOLKIT, tmp_path / "sglang"
+    )
+    assert "-DPATHS=3" in module.cuda_flags
+
+
+def test_a_child_that_dies_saying_nothing_is_refused_as_such(sources: Path) -> None:
+    with pytest.raises(UserError) as refused:
+        render(sources, {"s": "flashinfer.recipes:gen_silent()"}, ARCHS, TOOLKIT)
+    assert (
+        str(refused.value) == "FlashInfer could not render the modules for --arch 12.0f: no output"
+    )
 
 
 def test_a_module_that_needs_device_linking_is_refused_by_name(sources: Path) -> None:
@@ -191,6 +223,7 @@ def flashinfer_importable(sources: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "12.0f")
     monkeypatch.setenv("TVM_FFI_CUDA_ARCH_LIST", "12.0")
     monkeypatch.setenv("CUDA_HOME", "/opt/cuda")
+    monkeypatch.setenv("PYTHONPATH", str(sources))
     monkeypatch.chdir(sources.parent)
     for name in [n for n in sys.modules if n == "flashinfer" or n.startswith("flashinfer.")]:
         monkeypatch.delitem(sys.modules, name)
@@ -213,6 +246,7 @@ def test_the_child_prints_each_module_once_sorted_by_name(
     jit_specs.main()
     printed = json.loads(capsys.readouterr().out)
     assert [(m["name"], m["recipe"]) for m in printed] == [("norm", "pair"), ("rope", "pair")]
+    assert printed[0]["cuda_flags"][-1] == "-gencode=arch=compute_120f,code=sm_120f"
     assert printed[0]["cuda_sources"] == ["norm.cu"] and printed[0]["cxx_sources"] == [
         "norm_binding.cpp"
     ]
@@ -234,3 +268,17 @@ def test_one_module_made_two_different_ways_stops_the_child(sources: Path) -> No
             }
         )
     assert str(stopped.value) == "JIT module norm is made two different ways"
+
+
+@pytest.mark.usefixtures("flashinfer_importable")
+def test_the_child_sorts_modules_by_name_and_passes_each_spec_whole() -> None:
+    modules = jit_specs.render(
+        {
+            "rope": "flashinfer.recipes:gen_rope()",
+            "linked": "flashinfer.recipes:gen_linked_module()",
+            "inc": "flashinfer.recipes:gen_with_includes()",
+        }
+    )
+    assert [m["name"] for m in modules] == ["inc", "linked", "rope"]
+    assert "-I/gen/inc" in modules[0]["cuda_flags"] and "-DNAME=inc" in modules[0]["cuda_flags"]
+    assert modules[1]["device_link"] is True and modules[2]["device_link"] is False

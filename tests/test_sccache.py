@@ -150,6 +150,7 @@ def test_the_user_s_sccache_settings_hand_the_cache_over_to_sccache(
         monkeypatch.setenv(name, value)
     found = launcher_for(Layout(root=tmp_path, cache=tmp_path / ".cache"))
     assert found is not None and found.own_server is own
+    assert found.program == SCCACHE
     if not own:
         assert found.env == {}  # sccache reads the user's settings itself
         return
@@ -174,3 +175,34 @@ def test_without_sccache_the_build_compiles_uncached_and_says_how_to_get_it(
     said = capfd.readouterr().err
     assert f"sccache is not installed (not on PATH, not beside {tmp_path}/bin/python)" in said
     assert "compiling without the compiler cache" in said
+
+
+def test_sccache_on_path_comes_before_the_one_beside_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sm120_build.jit_cache.sccache import launcher_for
+    from sm120_build.layout import Layout
+
+    theirs = tmp_path / "bin" / "sccache"
+    theirs.parent.mkdir()
+    theirs.symlink_to(SCCACHE)
+    monkeypatch.setenv("PATH", f"{theirs.parent}:/usr/bin:/bin")
+    found = launcher_for(Layout(root=tmp_path, cache=tmp_path / ".cache"))
+    assert found is not None and found.program == theirs
+
+
+def test_a_server_on_the_user_s_settings_starts_with_the_user_s_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the user's SCCACHE_* settings the launcher adds none: sccache must see the
+    shell's own."""
+    port = free_port()
+    monkeypatch.setenv("SCCACHE_DIR", str(tmp_path / "theirs"))
+    monkeypatch.setenv("SCCACHE_SERVER_PORT", str(port))
+    theirs = Launcher(SCCACHE, {}, own_server=False)
+    try:
+        assert theirs.start()
+        assert listening(port)
+    finally:
+        Launcher(SCCACHE, {"SCCACHE_SERVER_PORT": str(port)}, own_server=True).finish()
+    assert not listening(port)
