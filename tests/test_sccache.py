@@ -159,8 +159,10 @@ def test_the_user_s_sccache_settings_hand_the_cache_over_to_sccache(
     assert 20000 <= port < 30000  # clear of sccache's default 4226 and of ephemeral ports
     again = launcher_for(Layout(root=tmp_path, cache=tmp_path / ".cache"))
     assert again is not None and again.env == found.env  # the same cache: the same server
-    other = launcher_for(Layout(root=tmp_path, cache=tmp_path / "elsewhere"))
-    assert other is not None and other.env["SCCACHE_SERVER_PORT"] != str(port)
+    # Another cache, another server (two fixed paths: their ports are known to differ).
+    one, other = (launcher_for(Layout(root=tmp_path, cache=Path(p))) for p in ("/a", "/b"))
+    assert one is not None and other is not None
+    assert one.env["SCCACHE_SERVER_PORT"] != other.env["SCCACHE_SERVER_PORT"]
 
 
 def test_without_sccache_the_build_compiles_uncached_and_says_how_to_get_it(
