@@ -8,6 +8,7 @@ import hashlib
 import io
 import os
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,10 @@ from packaging.requirements import Requirement
 
 from sm120_build.bump.candidate import Candidate, GateSummary, evaluate
 from sm120_build.errors import UserError
-from sm120_build.pins import Upstream
+from sm120_build.pins import Artifact, Upstream
 from sm120_build.pins import load as load_pins
 
-from .conftest import HEADER
+from .conftest import HEADER, zip_wheel
 
 PINS = """\
 [upstream.flashinfer]
@@ -230,3 +231,189 @@ def test_related_pins_say_a_companion_sglang_no_longer_requires_is_dropped(
         "drops the pin",
     ]
     assert [p.verdict for p in result.patches] == ["clean"]
+
+
+def sglang_wheel(directory: Path, version: str, tag: str, metadata: bytes = b"") -> Path:
+    info = f"sglang-{version}.dist-info"
+    return zip_wheel(
+        directory / f"sglang-{version}-{tag}.whl",
+        {
+            "sglang/gate.py": GATE.encode(),
+            f"{info}/METADATA": b"Metadata-Version: 2.1\nName: sglang\nVersion: "
+            + version.encode()
+            + b"\n"
+            + metadata,
+            f"{info}/WHEEL": f"Wheel-Version: 1.0\nTag: {tag}\n".encode(),
+        },
+    )
+
+
+def test_a_wheel_only_candidate_pins_one_wheel_per_target_and_reads_the_first_s_metadata(
+    links: Path, patches: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "pins.toml").write_text(PINS)
+    pins = load_pins(tmp_path / "pins.toml")
+    pinned = replace(
+        pins.upstream("sglang"),
+        sdist="",
+        sha256="",
+        wheels=(
+            Artifact("sglang-0.5.9-cp312-cp312-manylinux_2_34_x86_64.whl", "0" * 64),
+            Artifact("sglang-0.5.9-cp312-cp312-manylinux_2_34_aarch64.whl", "0" * 64),
+        ),
+    )
+    requires = b"Requires-Dist: flashinfer_python==0.7.2\nDescription: caf\xe9\n"
+    x86 = sglang_wheel(links, "0.5.23", "cp312-cp312-manylinux_2_34_x86_64", requires)
+    arm = sglang_wheel(links, "0.5.23", "cp312-cp312-manylinux_2_34_aarch64")
+    sglang_wheel(links, "0.5.23", "cp311-cp311-manylinux_2_34_x86_64")  # no pinned target
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (result,) = evaluate(
+        pins, patches, {}, [(pinned, "0.5.23")], scratch, lambda t, n: GateSummary([], {}, [])
+    )
+    assert result.upstream == replace(
+        pinned,
+        version="0.5.23",
+        git_tag="v0.5.23",
+        git_commit="",
+        wheels=tuple(
+            Artifact(wheel.name, hashlib.sha256(wheel.read_bytes()).hexdigest())
+            for wheel in (x86, arm)
+        ),
+    )
+    assert result.requires == {"flashinfer-python": Requirement("flashinfer_python==0.7.2")}
+    assert [p.verdict for p in result.patches] == ["clean"]  # vendored from the first wheel
+
+
+def test_an_sdist_candidate_is_taken_as_tar_gz_before_zip(
+    links: Path, patches: Path, tmp_path: Path
+) -> None:
+    from sm120_build.bump.candidate import fetch_candidate
+
+    (tmp_path / "pins.toml").write_text(PINS)
+    pins = load_pins(tmp_path / "pins.toml")
+    (links / "sglang-0.5.10.zip").write_bytes(b"a zip sdist")
+    (links / "sglang-0.5.10-not-a-file-name.whl").write_bytes(b"")  # skipped, not the end
+    sdist(links, "sglang-0.5.10", {"PKG-INFO": "Name: sglang\n"})
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    assert [p.name for p in fetch_candidate(pins.upstream("sglang"), "0.5.10", scratch)] == [
+        "sglang-0.5.10.tar.gz"
+    ]
+
+
+def test_a_release_without_the_pinned_target_names_what_it_has(links: Path, tmp_path: Path) -> None:
+    from sm120_build.bump.candidate import fetch_candidate
+
+    (tmp_path / "pins.toml").write_text(PINS)
+    pinned = replace(
+        load_pins(tmp_path / "pins.toml").upstream("sglang"),
+        wheels=(Artifact("sglang-0.5.9-cp313-cp313-manylinux_2_34_x86_64.whl", "0" * 64),),
+    )
+    for tag in ("cp312-cp312-manylinux_2_34_x86_64", "cp311-cp311-manylinux_2_34_x86_64"):
+        sglang_wheel(links, "0.5.23", tag)
+    with pytest.raises(UserError) as refused:
+        fetch_candidate(pinned, "0.5.23", tmp_path)
+    assert str(refused.value) == (
+        "sglang 0.5.23 publishes no sdist and no wheel for cp313-cp313-x86_64 (it has "
+        "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl, "
+        "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl); name a release that has one"
+    )
+    with pytest.raises(UserError) as refused:
+        fetch_candidate(pinned, "9.9", tmp_path)
+    assert str(refused.value) == (
+        f"no sdist or wheel of sglang==9.9 in {links} (pip's configuration: `pip config list`); "
+        "check the version, and that the index has its files"
+    )
+
+
+def test_a_wheel_s_target_is_its_python_abi_and_cpu() -> None:
+    from sm120_build.bump.candidate import _target
+
+    assert _target("sglang-1-cp312-cp312-manylinux_2_34_aarch64.whl") == (
+        "cp312",
+        "cp312",
+        "aarch64",
+    )
+    assert _target("x-1-py3-none-any.whl") == ("py3", "none", "any")
+    assert _target("x-1-cp312-cp312-linux_riscv64.whl") == ("cp312", "cp312", "linux_riscv64")
+
+
+def test_requirements_are_read_past_a_bad_line_and_a_url_is_kept_whole(tmp_path: Path) -> None:
+    from sm120_build.bump.candidate import sdist_requires
+
+    path = sdist(
+        tmp_path,
+        "sglang-0.5.10",
+        {
+            "docs/PKG-INFO": "Requires-Dist: wrong==1\n",  # not the top-level one
+            "README": "Requires-Dist: wrong==2\n",
+            "PKG-INFO": "Name: sglang\nRequires-Dist: not a requirement ((\n"
+            "Requires-Dist: kernel @ https://files.example/kernel-1.0.whl\n"
+            "Requires-Dist: Torch==2.9.1\n",
+        },
+    )
+    assert sdist_requires(path) == {
+        "kernel": Requirement("kernel @ https://files.example/kernel-1.0.whl"),
+        "torch": Requirement("Torch==2.9.1"),
+    }
+
+
+def test_the_git_commit_of_a_monorepo_sglang_is_read_from_python_sglang(tmp_path: Path) -> None:
+    from sm120_build.bump.candidate import _git_commit
+
+    (tmp_path / "python" / "sglang").mkdir(parents=True)
+    (tmp_path / "python" / "sglang" / "_version.py").write_text(
+        "commit_id: str | None = 'g5a7b9c1'\n"
+    )
+    assert _git_commit(tmp_path) == "5a7b9c1"
+
+
+def test_the_versions_the_index_has_are_read_from_pip(links: Path, tmp_path: Path) -> None:
+    from sm120_build.bump.candidate import _index_versions
+
+    for version in ("0.6.4", "0.6.5"):
+        info = f"flashinfer_cubin-{version}.dist-info"
+        zip_wheel(
+            links / f"flashinfer_cubin-{version}-py3-none-any.whl",
+            {
+                f"{info}/METADATA": (
+                    f"Metadata-Version: 2.1\nName: flashinfer-cubin\nVersion: {version}\n"
+                ).encode(),
+                f"{info}/WHEEL": b"Wheel-Version: 1.0\nTag: py3-none-any\n",
+            },
+        )
+    assert _index_versions("flashinfer-cubin") == ["0.6.5", "0.6.4"]
+    assert _index_versions("absent-project") == []
+
+
+def test_with_sglang_moving_too_a_flashinfer_candidate_leaves_the_companions_to_it(
+    tmp_path: Path,
+) -> None:
+    from sm120_build.bump.candidate import related_pins
+
+    (tmp_path / "pins.toml").write_text(PINS)
+    pins = load_pins(tmp_path / "pins.toml")
+    flashinfer = replace(pins.upstream("flashinfer"), version="0.7.2", git_tag="v0.7.2")
+    pinned = {"flashinfer-python": Requirement("flashinfer_python==0.6.3")}
+    others = {"sglang": pins.upstream("sglang"), "flashinfer": flashinfer}
+    assert related_pins(flashinfer, {}, pins, others, pinned) == ["git_tag v0.7.2, git_commit aaa"]
+
+
+def test_a_prerelease_flashinfer_meets_a_range_that_admits_it(tmp_path: Path) -> None:
+    from sm120_build.bump.candidate import pin_set_problems
+
+    (tmp_path / "pins.toml").write_text(PINS)
+    pins = load_pins(tmp_path / "pins.toml")
+    flashinfer = Candidate(replace(pins.upstream("flashinfer"), version="0.7.0rc1"))
+    wants_range = {"flashinfer-python": Requirement("flashinfer_python>=0.6")}
+    assert pin_set_problems([flashinfer], pins, wants_range) == []
+    sglang = Candidate(
+        replace(pins.upstream("sglang"), version="0.5.10"),
+        requires={"flashinfer-python": Requirement("flashinfer_python>=0.8")},
+    )
+    (problem,) = pin_set_problems([sglang], pins, {})
+    assert problem == (
+        "sglang 0.5.10 requires flashinfer_python>=0.8, which flashinfer-python 0.6.3 does "
+        "not meet; ask for: flashinfer_python>=0.8"
+    )
