@@ -319,3 +319,42 @@ def test_a_wheel_only_candidate_is_pinned_by_its_wheels(project: Layout) -> None
     text = files.texts["pins.toml"]
     assert 'git_commit = "def"\nwheels = [\n  { file = "sglang-2.0-cp312' in text
     assert "\n\n[toolkit]" in text
+
+
+def test_what_write_did_is_said_for_every_pin_and_patch(project: Layout) -> None:
+    series = project.patches / "sglang" / "series"
+    # quilt lets a series line carry options and a comment after the patch's name
+    series.write_text(
+        series.read_text()
+        .replace("0007-upstream.patch\n", "0007-upstream.patch -p1 # lifted upstream\n")
+        .replace("0001-clean.patch\n", "0001-clean.patch\n0008-also-upstream.patch\n")
+    )
+    result = candidate(project, "1.1")
+    result.patches.append(PatchVerdict("0008-also-upstream.patch", "upstream", "drop", []))
+    companions = {"flashinfer-cubin": ("0.6.4", ("3" * 64,)), "other-cubin": None}
+    files = new_files([result], project.pins_file, project.patches, companions)
+    assert files.dropped == [
+        "patches/sglang/0007-upstream.patch",
+        "patches/sglang/0008-also-upstream.patch",
+    ]
+    assert files.done == [
+        "pins.toml: flashinfer-cubin -> 0.6.4",
+        "pins.toml: other-cubin dropped (the chosen sglang no longer requires it)",
+        "pins.toml: sglang -> sglang 1.1",
+        "patches/sglang: dropped 0007-upstream.patch (upstream)",
+        "patches/sglang: dropped 0008-also-upstream.patch (upstream)",
+        "patches/sglang: kept 0006-another-form.patch for review",
+    ]
+    assert files.texts["patches/sglang/series"].splitlines()[1] == (
+        "# 0008-also-upstream.patch: dropped, upstream in sglang 1.1 (nox -s bump: the whole "
+        "patch reverse-applies)"
+    )
+
+
+def test_an_untracked_file_in_a_new_directory_is_named_itself(project: Layout) -> None:
+    new = project.patches / "sglang" / "drafts"
+    new.mkdir()
+    (new / "0009-mine.patch").write_text("my unsaved work")
+    assert unsaved(project, load_pins(project.pins_file)) == [
+        "patches/sglang/drafts/0009-mine.patch: uncommitted (??)"
+    ]
