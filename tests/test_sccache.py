@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -208,3 +209,31 @@ def test_a_server_on_the_user_s_settings_starts_with_the_user_s_environment(
     finally:
         Launcher(SCCACHE, {"SCCACHE_SERVER_PORT": str(port)}, own_server=True).finish()
     assert not listening(port)
+
+
+def test_a_port_held_by_a_program_that_hangs_up_costs_the_cache_in_seconds(
+    launcher: Launcher, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The port's holder accepts and closes each connection: sccache's server cannot start
+    there and no client waits, so after its three tries (about 6 s) the build goes on
+    uncached, saying why in sccache's own words."""
+    port = int(launcher.env["SCCACHE_SERVER_PORT"])
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+
+        def hang_up() -> None:
+            while True:
+                try:
+                    connection, _ = holder.accept()
+                except OSError:
+                    return  # the holder was closed: the test is over
+                connection.close()
+
+        threading.Thread(target=hang_up, daemon=True).start()
+        assert not launcher.start()
+        holder.shutdown(socket.SHUT_RDWR)
+    assert capfd.readouterr().err.endswith(
+        f"sccache's server would not start on port {port} (sccache: error: Server startup "
+        "failed: Address in use); compiling without the compiler cache\n"
+    )
