@@ -5,6 +5,7 @@ function a hunk header names, and the words of a conflict's detail."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,9 @@ from sm120_build.bump.classify import (
     _patch_verdict,
     _per_hunk_offsets,
     _where_it_differs,
+    classify_hunk,
 )
+from sm120_build.gitrepo import git
 from sm120_build.patches import hunks_of
 
 
@@ -145,3 +148,105 @@ def test_a_conflict_in_a_re_indented_file_names_the_line_and_says_so(tmp_path: P
     assert _where_it_differs(hunk, target) == (
         "none of the hunk's context lines is in the candidate's a.py"
     )
+
+
+LINES = [f"line {n} of the file" for n in range(1, 13)]
+
+
+def hunk_on(old: list[str], new: list[str], start: int = 1) -> Any:
+    """One hunk of a.txt that turns `old` into `new`, the two sharing their first and
+    last line as context."""
+    body = [f" {old[0]}", *(f"-{line}" for line in old[1:-1]), *(f"+{line}" for line in new[1:-1])]
+    body.append(f" {old[-1]}")
+    header = f"@@ -{start},{len(old)} +{start},{len(new)} @@"
+    diff = "diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n" + "\n".join([header, *body])
+    (hunk,) = hunks_of(diff + "\n")
+    return hunk
+
+
+def tree_with(tmp_path: Path, lines: list[str] | None) -> Path:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    git(tree, "init", "--quiet")
+    if lines is not None:
+        (tree / "a.txt").write_text("".join(f"{line}\n" for line in lines))
+    return tree
+
+
+CHANGE = hunk_on(LINES[0:3], [LINES[0], "line 2, changed", LINES[2]])
+HEADER = "@@ -1,3 +1,3 @@"
+
+
+@pytest.mark.parametrize(
+    ("lines", "verdict"),
+    [
+        (LINES, HunkVerdict("a.txt", HEADER, "clean")),
+        (
+            [LINES[0], "line 2, changed", *LINES[2:]],
+            HunkVerdict("a.txt", HEADER, "upstream"),
+        ),
+        (None, HunkVerdict("a.txt", HEADER, "conflict", detail="file not found")),
+        (
+            ["other", "line 2, changed", "more", "and more", *LINES[5:]],
+            HunkVerdict(
+                "a.txt",
+                HEADER,
+                "upstream in another form",
+                detail="the lines it removes are gone from the file and the lines it adds are "
+                "there",
+            ),
+        ),
+        (
+            ["other", "rewritten", "more", "and more", *LINES[5:]],
+            HunkVerdict(
+                "a.txt",
+                HEADER,
+                "conflict",
+                detail="the lines it removes are gone from the file and the lines it adds are "
+                "not there: the code was rewritten; refresh the patch by hand",
+            ),
+        ),
+    ],
+)
+def test_each_hunk_verdict_whole(tmp_path: Path, lines: list[str] | None, verdict: Any) -> None:
+    assert classify_hunk(tree_with(tmp_path, lines), CHANGE) == verdict
+
+
+def test_a_hunk_that_only_adds_lines_already_elsewhere_is_upstream_in_another_form(
+    tmp_path: Path,
+) -> None:
+    adds = hunk_on([LINES[0], LINES[1]], [LINES[0], "    the added line", LINES[1]])
+    lines = [*LINES[:5], "the added line", "x", *LINES[5:]]
+    lines[1] = "line 2 of the file, edited so the hunk cannot apply"
+    assert classify_hunk(tree_with(tmp_path, lines), adds) == HunkVerdict(
+        "a.txt",
+        "@@ -1,2 +1,3 @@",
+        "upstream in another form",
+        detail="the lines it adds are there, in another place or indentation",
+    )
+
+
+def test_a_fuzzed_hunk_says_where_it_lands(tmp_path: Path) -> None:
+    diff = (
+        "diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -5,5 +5,5 @@\n"
+        f" {LINES[4]}\n {LINES[5]}\n-{LINES[6]}\n+line 7, changed\n {LINES[7]}\n {LINES[8]}\n"
+    )
+    (wide,) = hunks_of(diff)
+    lines = list(LINES)
+    lines[4] = "line 5, its outer context, changed upstream"
+    verdict = classify_hunk(tree_with(tmp_path, lines), wide)
+    assert verdict == HunkVerdict(
+        "a.txt",
+        "@@ -5,5 +5,5 @@",
+        "fuzz",
+        # git's default function context for a file of no known language: the nearest line
+        # above that starts with a letter
+        detail="applies only with 1 line of context, at line 7 of a.txt, in line 6 of the file",
+    )
+
+
+def test_a_moved_hunk_is_an_offset_by_so_many_lines(tmp_path: Path) -> None:
+    # Not at line 1: git anchors a hunk that starts there to the file's beginning.
+    moved = hunk_on(LINES[4:7], [LINES[4], "line 6, changed", LINES[6]], start=5)
+    tree = tree_with(tmp_path, ["new first", "new second", *LINES])
+    assert classify_hunk(tree, moved) == HunkVerdict("a.txt", "@@ -5,3 +5,3 @@", "offset", 2)
