@@ -480,7 +480,8 @@ def tests_fast(session: nox.Session) -> None:
 
     torch is installed only by `tests`, on the Python nox runs from: the index has no CPU
     build of the pinned torch for the other Pythons, only CUDA builds of several GB. So
-    the node check's in-process tests, which need torch, skip here, each saying why.
+    the in-process tests that need torch (the node check's, the render's) skip here, each
+    saying why.
     -- [pytest options] (default: -m 'not slow')
     """
     if HELP_ONLY:

@@ -5,6 +5,7 @@ modules, and each way it is refused. The real FlashInfer's render: tests/test_mo
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -21,6 +22,12 @@ from sm120_build.jit_cache.render import RENDER_ENVIRONMENT, Module, render_envi
 from sm120_build.jit_cache.render import render_modules as render
 from sm120_build.toolkit import Toolkit
 
+# The render evaluates each recipe with torch in scope (profiles.specs_of), as the build's
+# render does with pins.toml's [render] requirements; tests_fast on the other Pythons installs
+# no torch.
+needs_torch = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="the render imports torch"
+)
 TOOLKIT = Toolkit(Path("/opt/cuda"), (13, 0), "13.0.88", frozenset({"sm_120", "sm_121"}))
 ARCHS = [Arch.parse("12.0f")]
 
@@ -106,6 +113,7 @@ def sources(tmp_path: Path) -> Path:
     return tree
 
 
+@needs_torch
 def test_each_recipe_s_modules_come_back_as_flashinfer_would_build_them(
     sources: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -143,6 +151,7 @@ def test_each_recipe_s_modules_come_back_as_flashinfer_would_build_them(
     assert norm.gencodes == [sm120]
 
 
+@needs_torch
 def test_sglang_s_tree_is_on_the_child_s_path_when_its_kernels_are_rendered(
     sources: Path, tmp_path: Path
 ) -> None:
@@ -152,6 +161,7 @@ def test_sglang_s_tree_is_on_the_child_s_path_when_its_kernels_are_rendered(
     assert "-DPATHS=3" in module.cuda_flags
 
 
+@needs_torch
 def test_a_child_that_dies_saying_nothing_is_refused_as_such(sources: Path) -> None:
     with pytest.raises(UserError) as refused:
         render(sources, {"s": "flashinfer.recipes:gen_silent()"}, ARCHS, TOOLKIT)
@@ -160,6 +170,7 @@ def test_a_child_that_dies_saying_nothing_is_refused_as_such(sources: Path) -> N
     )
 
 
+@needs_torch
 def test_a_module_that_needs_device_linking_is_refused_by_name(sources: Path) -> None:
     with pytest.raises(UserError) as refused:
         render(sources, {"l": "flashinfer.recipes:gen_linked_module()"}, ARCHS, TOOLKIT)
@@ -168,11 +179,13 @@ def test_a_module_that_needs_device_linking_is_refused_by_name(sources: Path) ->
     )
 
 
+@needs_torch
 def test_a_module_flashinfer_builds_for_no_requested_arch_is_refused(sources: Path) -> None:
     with pytest.raises(UserError, match=r"builds sm90 only for .*compute_90a.*--arch 12\.0f"):
         render(sources, {"h": "flashinfer.recipes:gen_sm90_only()"}, ARCHS, TOOLKIT)
 
 
+@needs_torch
 def test_a_recipe_flashinfer_cannot_render_is_refused_with_its_last_words(
     sources: Path,
 ) -> None:
@@ -232,6 +245,7 @@ def flashinfer_importable(sources: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
         del sys.modules[name]
 
 
+@needs_torch
 @pytest.mark.usefixtures("flashinfer_importable")
 def test_the_child_prints_each_module_once_sorted_by_name(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -253,6 +267,7 @@ def test_the_child_prints_each_module_once_sorted_by_name(
     assert printed[0]["device_link"] is False
 
 
+@needs_torch
 @pytest.mark.usefixtures("flashinfer_importable")
 def test_one_module_made_two_different_ways_stops_the_child(sources: Path) -> None:
     recipes = sources / "flashinfer" / "recipes.py"
@@ -270,6 +285,7 @@ def test_one_module_made_two_different_ways_stops_the_child(sources: Path) -> No
     assert str(stopped.value) == "JIT module norm is made two different ways"
 
 
+@needs_torch
 @pytest.mark.usefixtures("flashinfer_importable")
 def test_the_child_sorts_modules_by_name_and_passes_each_spec_whole() -> None:
     modules = jit_specs.render(
