@@ -273,6 +273,28 @@ def small_wheel(
     return finalize_wheel(raw, directory / "final", {})
 
 
+def sglang_wheel(
+    directory: Path,
+    version: str,
+    tag: str,
+    metadata: bytes = b"",
+    files: dict[str, bytes] | None = None,
+) -> Path:
+    """An sglang wheel for one target `tag`, as sglang publishes only wheels since 0.5.11:
+    `metadata` follows its METADATA's Version line (Requires-Dist lines, say)."""
+    info = f"sglang-{version}.dist-info"
+    return zip_wheel(
+        directory / f"sglang-{version}-{tag}.whl",
+        {
+            **(files or {"sglang/__init__.py": b""}),
+            f"{info}/METADATA": (
+                f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n".encode() + metadata
+            ),
+            f"{info}/WHEEL": f"Wheel-Version: 1.0\nTag: {tag}\n".encode(),
+        },
+    )
+
+
 def wheel_in(links: Path, name: str, version: str, payload: str = "") -> Path:
     """A small wheel in a find-links directory (as pip's only configured source serves)."""
     links.mkdir(exist_ok=True)

@@ -16,10 +16,10 @@ from packaging.requirements import Requirement
 
 from sm120_build.bump.candidate import Candidate, GateSummary, evaluate
 from sm120_build.errors import UserError
-from sm120_build.pins import Artifact, Upstream
+from sm120_build.pins import Artifact, Pins, Upstream
 from sm120_build.pins import load as load_pins
 
-from .conftest import HEADER, zip_wheel
+from .conftest import HEADER, sglang_wheel, wheel_in
 
 PINS = """\
 [upstream.flashinfer]
@@ -79,6 +79,25 @@ def links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
+def pins(tmp_path: Path) -> Pins:
+    (tmp_path / "pins.toml").write_text(PINS)
+    return load_pins(tmp_path / "pins.toml")
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    """Where evaluate fetches and unpacks each candidate."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    return scratch
+
+
+def no_gates(tree: Path, name: str) -> GateSummary:
+    """An audit that finds no gate."""
+    return GateSummary([], {}, [])
+
+
+@pytest.fixture
 def patches(tmp_path: Path) -> Path:
     root = tmp_path / "patches"
     (root / "sglang").mkdir(parents=True)
@@ -90,10 +109,8 @@ def patches(tmp_path: Path) -> Path:
 
 
 def test_a_candidate_is_evaluated_on_its_own_tree_with_its_own_metadata(
-    links: Path, patches: Path, tmp_path: Path
+    links: Path, patches: Path, pins: Pins, scratch: Path
 ) -> None:
-    (tmp_path / "pins.toml").write_text(PINS)
-    pins = load_pins(tmp_path / "pins.toml")
     candidate = sdist(
         links,
         "sglang-0.5.10",
@@ -111,8 +128,6 @@ def test_a_candidate_is_evaluated_on_its_own_tree_with_its_own_metadata(
         audited.append(((tree / "sglang" / "gate.py").read_text(), name))
         return GateSummary(["0 gate(s) in scope still exclude SM120"], {}, [])
 
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
     pinned_sglang = {"flashinfer-python": Requirement("flashinfer_python==0.6.3")}
     (result,) = evaluate(
         pins, patches, pinned_sglang, [(pins.upstream("sglang"), "0.5.10")], scratch, audit
@@ -148,17 +163,13 @@ def test_a_candidate_is_evaluated_on_its_own_tree_with_its_own_metadata(
 
 
 def test_a_flashinfer_candidate_says_what_the_pinned_sglang_requires(
-    links: Path, patches: Path, tmp_path: Path
+    links: Path, patches: Path, pins: Pins, scratch: Path
 ) -> None:
-    (tmp_path / "pins.toml").write_text(PINS)
-    pins = load_pins(tmp_path / "pins.toml")
     sdist(
         links,
         "flashinfer_python-0.6.4",
         {"PKG-INFO": "Name: flashinfer-python\n", "flashinfer/_build_meta.py": ""},
     )
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
     pinned_sglang = {
         "flashinfer-python": Requirement("flashinfer_python==0.6.3"),
         "flashinfer-cubin": Requirement("flashinfer_cubin==0.6.3"),
@@ -169,7 +180,7 @@ def test_a_flashinfer_candidate_says_what_the_pinned_sglang_requires(
         pinned_sglang,
         [(pins.upstream("flashinfer"), "0.6.4")],
         scratch,
-        lambda tree, name: GateSummary([], {}, []),
+        no_gates,
     )
     assert result == Candidate(result.upstream, [], result.related, GateSummary([], {}, []), {})
     assert result.upstream.git_commit == "" and result.upstream.git_tag == "v0.6.4"
@@ -181,10 +192,8 @@ def test_a_flashinfer_candidate_says_what_the_pinned_sglang_requires(
 
 
 def test_a_candidate_whose_file_differs_from_the_index_s_hash_is_never_unpacked(
-    tmp_path: Path, patches: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, patches: Path, monkeypatch: pytest.MonkeyPatch, pins: Pins, scratch: Path
 ) -> None:
-    (tmp_path / "pins.toml").write_text(PINS)
-    pins = load_pins(tmp_path / "pins.toml")
     served = tmp_path / "simple" / "sglang"
     served.mkdir(parents=True)
     sdist(served, "sglang-0.5.10", {"PKG-INFO": "Name: sglang\n"})
@@ -193,8 +202,6 @@ def test_a_candidate_whose_file_differs_from_the_index_s_hash_is_never_unpacked(
     )
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "simple").as_uri())
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
     with pytest.raises(UserError) as refused:
         evaluate(
             pins,
@@ -202,7 +209,7 @@ def test_a_candidate_whose_file_differs_from_the_index_s_hash_is_never_unpacked(
             {},
             [(pins.upstream("sglang"), "0.5.10")],
             scratch,
-            lambda t, n: GateSummary([], {}, []),
+            no_gates,
         )
     assert f"the index states sha256 {'f' * 64}, the download has " in str(refused.value)
     assert str(refused.value).endswith("nothing of it was unpacked or run")
@@ -210,20 +217,16 @@ def test_a_candidate_whose_file_differs_from_the_index_s_hash_is_never_unpacked(
 
 
 def test_related_pins_say_a_companion_sglang_no_longer_requires_is_dropped(
-    links: Path, patches: Path, tmp_path: Path
+    links: Path, patches: Path, pins: Pins, scratch: Path
 ) -> None:
-    (tmp_path / "pins.toml").write_text(PINS)
-    pins = load_pins(tmp_path / "pins.toml")
     sdist(links, "sglang-0.5.10", {"PKG-INFO": "Name: sglang\n", "sglang/gate.py": GATE})
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
     (result,) = evaluate(
         pins,
         patches,
         {},
         [(pins.upstream("sglang"), "0.5.10")],
         scratch,
-        lambda t, n: GateSummary([], {}, []),
+        no_gates,
     )
     assert result.related == [
         "git_tag v0.5.10, git_commit (not recorded)",
@@ -233,26 +236,9 @@ def test_related_pins_say_a_companion_sglang_no_longer_requires_is_dropped(
     assert [p.verdict for p in result.patches] == ["clean"]
 
 
-def sglang_wheel(directory: Path, version: str, tag: str, metadata: bytes = b"") -> Path:
-    info = f"sglang-{version}.dist-info"
-    return zip_wheel(
-        directory / f"sglang-{version}-{tag}.whl",
-        {
-            "sglang/gate.py": GATE.encode(),
-            f"{info}/METADATA": b"Metadata-Version: 2.1\nName: sglang\nVersion: "
-            + version.encode()
-            + b"\n"
-            + metadata,
-            f"{info}/WHEEL": f"Wheel-Version: 1.0\nTag: {tag}\n".encode(),
-        },
-    )
-
-
 def test_a_wheel_only_candidate_pins_one_wheel_per_target_and_reads_the_first_s_metadata(
-    links: Path, patches: Path, tmp_path: Path
+    links: Path, patches: Path, pins: Pins, scratch: Path
 ) -> None:
-    (tmp_path / "pins.toml").write_text(PINS)
-    pins = load_pins(tmp_path / "pins.toml")
     pinned = replace(
         pins.upstream("sglang"),
         sdist="",
@@ -263,14 +249,11 @@ def test_a_wheel_only_candidate_pins_one_wheel_per_target_and_reads_the_first_s_
         ),
     )
     requires = b"Requires-Dist: flashinfer_python==0.7.2\nDescription: caf\xe9\n"
-    x86 = sglang_wheel(links, "0.5.23", "cp312-cp312-manylinux_2_34_x86_64", requires)
-    arm = sglang_wheel(links, "0.5.23", "cp312-cp312-manylinux_2_34_aarch64")
+    gate = {"sglang/gate.py": GATE.encode()}
+    x86 = sglang_wheel(links, "0.5.23", "cp312-cp312-manylinux_2_34_x86_64", requires, gate)
+    arm = sglang_wheel(links, "0.5.23", "cp312-cp312-manylinux_2_34_aarch64", files=gate)
     sglang_wheel(links, "0.5.23", "cp311-cp311-manylinux_2_34_x86_64")  # no pinned target
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    (result,) = evaluate(
-        pins, patches, {}, [(pinned, "0.5.23")], scratch, lambda t, n: GateSummary([], {}, [])
-    )
+    (result,) = evaluate(pins, patches, {}, [(pinned, "0.5.23")], scratch, no_gates)
     assert result.upstream == replace(
         pinned,
         version="0.5.23",
@@ -286,45 +269,16 @@ def test_a_wheel_only_candidate_pins_one_wheel_per_target_and_reads_the_first_s_
 
 
 def test_an_sdist_candidate_is_taken_as_tar_gz_before_zip(
-    links: Path, patches: Path, tmp_path: Path
+    links: Path, patches: Path, pins: Pins, scratch: Path
 ) -> None:
     from sm120_build.bump.candidate import fetch_candidate
 
-    (tmp_path / "pins.toml").write_text(PINS)
-    pins = load_pins(tmp_path / "pins.toml")
     (links / "sglang-0.5.10.zip").write_bytes(b"a zip sdist")
     (links / "sglang-0.5.10-not-a-file-name.whl").write_bytes(b"")  # skipped, not the end
     sdist(links, "sglang-0.5.10", {"PKG-INFO": "Name: sglang\n"})
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
     assert [p.name for p in fetch_candidate(pins.upstream("sglang"), "0.5.10", scratch)] == [
         "sglang-0.5.10.tar.gz"
     ]
-
-
-def test_a_release_without_the_pinned_target_names_what_it_has(links: Path, tmp_path: Path) -> None:
-    from sm120_build.bump.candidate import fetch_candidate
-
-    (tmp_path / "pins.toml").write_text(PINS)
-    pinned = replace(
-        load_pins(tmp_path / "pins.toml").upstream("sglang"),
-        wheels=(Artifact("sglang-0.5.9-cp313-cp313-manylinux_2_34_x86_64.whl", "0" * 64),),
-    )
-    for tag in ("cp312-cp312-manylinux_2_34_x86_64", "cp311-cp311-manylinux_2_34_x86_64"):
-        sglang_wheel(links, "0.5.23", tag)
-    with pytest.raises(UserError) as refused:
-        fetch_candidate(pinned, "0.5.23", tmp_path)
-    assert str(refused.value) == (
-        "sglang 0.5.23 publishes no sdist and no wheel for cp313-cp313-x86_64 (it has "
-        "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl, "
-        "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl); name a release that has one"
-    )
-    with pytest.raises(UserError) as refused:
-        fetch_candidate(pinned, "9.9", tmp_path)
-    assert str(refused.value) == (
-        f"no sdist or wheel of sglang==9.9 in {links} (pip's configuration: `pip config list`); "
-        "check the version, and that the index has its files"
-    )
 
 
 def test_a_wheel_s_target_is_its_python_abi_and_cpu() -> None:
@@ -369,42 +323,29 @@ def test_the_git_commit_of_a_monorepo_sglang_is_read_from_python_sglang(tmp_path
     assert _git_commit(tmp_path) == "5a7b9c1"
 
 
-def test_the_versions_the_index_has_are_read_from_pip(links: Path, tmp_path: Path) -> None:
+def test_the_versions_the_index_has_are_read_from_pip(links: Path) -> None:
     from sm120_build.bump.candidate import _index_versions
 
     for version in ("0.6.4", "0.6.5"):
-        info = f"flashinfer_cubin-{version}.dist-info"
-        zip_wheel(
-            links / f"flashinfer_cubin-{version}-py3-none-any.whl",
-            {
-                f"{info}/METADATA": (
-                    f"Metadata-Version: 2.1\nName: flashinfer-cubin\nVersion: {version}\n"
-                ).encode(),
-                f"{info}/WHEEL": b"Wheel-Version: 1.0\nTag: py3-none-any\n",
-            },
-        )
+        wheel_in(links, "flashinfer_cubin", version)
     assert _index_versions("flashinfer-cubin") == ["0.6.5", "0.6.4"]
     assert _index_versions("absent-project") == []
 
 
 def test_with_sglang_moving_too_a_flashinfer_candidate_leaves_the_companions_to_it(
-    tmp_path: Path,
+    pins: Pins,
 ) -> None:
     from sm120_build.bump.candidate import related_pins
 
-    (tmp_path / "pins.toml").write_text(PINS)
-    pins = load_pins(tmp_path / "pins.toml")
     flashinfer = replace(pins.upstream("flashinfer"), version="0.7.2", git_tag="v0.7.2")
     pinned = {"flashinfer-python": Requirement("flashinfer_python==0.6.3")}
     others = {"sglang": pins.upstream("sglang"), "flashinfer": flashinfer}
     assert related_pins(flashinfer, {}, pins, others, pinned) == ["git_tag v0.7.2, git_commit aaa"]
 
 
-def test_a_prerelease_flashinfer_meets_a_range_that_admits_it(tmp_path: Path) -> None:
+def test_a_prerelease_flashinfer_meets_a_range_that_admits_it(pins: Pins) -> None:
     from sm120_build.bump.candidate import pin_set_problems
 
-    (tmp_path / "pins.toml").write_text(PINS)
-    pins = load_pins(tmp_path / "pins.toml")
     flashinfer = Candidate(replace(pins.upstream("flashinfer"), version="0.7.0rc1"))
     wants_range = {"flashinfer-python": Requirement("flashinfer_python>=0.6")}
     assert pin_set_problems([flashinfer], pins, wants_range) == []

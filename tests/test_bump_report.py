@@ -18,7 +18,7 @@ from sm120_build.bump.classify import HunkVerdict, PatchVerdict
 from sm120_build.bump.report import as_json, audit_summary, companion_hashes, table, verdict
 from sm120_build.pins import Artifact, Upstream
 
-from .conftest import zip_wheel
+from .conftest import wheel_in
 
 FLASHINFER = Upstream(
     name="flashinfer",
@@ -216,22 +216,8 @@ def test_a_companion_s_hashes_are_those_of_each_of_its_wheels_pip_finds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     links = tmp_path / "links"
-    links.mkdir()
-
-    def cubin(version: str, tag: str) -> Path:
-        info = f"flashinfer_cubin-{version}.dist-info"
-        return zip_wheel(
-            links / f"flashinfer_cubin-{version}-{tag}.whl",
-            {
-                f"{info}/METADATA": (
-                    f"Metadata-Version: 2.1\nName: flashinfer-cubin\nVersion: {version}\n"
-                ).encode(),
-                f"{info}/WHEEL": f"Wheel-Version: 1.0\nTag: {tag}\n".encode(),
-            },
-        )
-
-    wanted = cubin("0.6.4", "py3-none-any")
-    cubin("0.6.5", "py3-none-any")  # another release: not taken
+    wanted = wheel_in(links, "flashinfer_cubin", "0.6.4")
+    wheel_in(links, "flashinfer_cubin", "0.6.5")  # another release: not taken
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))

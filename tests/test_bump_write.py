@@ -33,7 +33,7 @@ from sm120_build.layout import Layout
 from sm120_build.pins import Artifact
 from sm120_build.pins import load as load_pins
 
-from .conftest import HEADER, zip_wheel
+from .conftest import HEADER, sglang_wheel
 
 SHA = "0" * 64
 CUBIN = "1" * 64
@@ -247,20 +247,6 @@ def test_companions_follow_the_chosen_sglangs_metadata(project: Layout) -> None:
     assert text.endswith('requirement = "cuda-toolkit==13.0.2"\n\n')
 
 
-def wheel_of(directory: Path, version: str, tag: str, requires: str = "") -> Path:
-    info = f"sglang-{version}.dist-info"
-    return zip_wheel(
-        directory / f"sglang-{version}-{tag}.whl",
-        {
-            "sglang/__init__.py": b"",
-            f"{info}/METADATA": (
-                f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n{requires}"
-            ).encode(),
-            f"{info}/WHEEL": f"Wheel-Version: 1.0\nTag: {tag}\n".encode(),
-        },
-    )
-
-
 def test_a_wheel_only_candidate_is_fetched_for_the_default_target(
     project: Layout, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -268,12 +254,12 @@ def test_a_wheel_only_candidate_is_fetched_for_the_default_target(
     links = tmp_path / "links"
     links.mkdir()
     for tag in ("cp311-cp311-manylinux_2_34_x86_64", "cp312-cp312-manylinux_2_34_aarch64"):
-        wheel_of(links, "2.0", tag)
-    wanted = wheel_of(
+        sglang_wheel(links, "2.0", tag)
+    wanted = sglang_wheel(
         links,
         "2.0",
         "cp312-cp312-manylinux_2_34_x86_64",
-        "Requires-Dist: flashinfer_python==0.7.2\n",
+        b"Requires-Dist: flashinfer_python==0.7.2\n",
     )
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
@@ -291,13 +277,22 @@ def test_a_wheel_only_candidate_is_fetched_for_the_default_target(
     )
     with pytest.raises(UserError) as error:
         fetch_candidate(aarch, "2.0", scratch)
-    assert "publishes no sdist and no wheel for cp313-cp313-x86_64" in str(error.value)
-    with pytest.raises(UserError, match=r"no sdist or wheel of sglang==3\.0"):
+    assert str(error.value) == (
+        "sglang 2.0 publishes no sdist and no wheel for cp313-cp313-x86_64 (it has "
+        "sglang-2.0-cp311-cp311-manylinux_2_34_x86_64.whl, "
+        "sglang-2.0-cp312-cp312-manylinux_2_34_aarch64.whl, "
+        "sglang-2.0-cp312-cp312-manylinux_2_34_x86_64.whl); name a release that has one"
+    )
+    with pytest.raises(UserError) as error:
         fetch_candidate(pins.upstream("sglang"), "3.0", scratch)
+    assert str(error.value) == (
+        f"no sdist or wheel of sglang==3.0 in {links} (pip's configuration: `pip config list`); "
+        "check the version, and that the index has its files"
+    )
 
 
 def test_a_wheels_own_requirements_are_read_without_installing(tmp_path: Path) -> None:
-    wheel = wheel_of(tmp_path, "2.0", "py3-none-any", "Requires-Dist: torch==2.14.1\n")
+    wheel = sglang_wheel(tmp_path, "2.0", "py3-none-any", b"Requires-Dist: torch==2.14.1\n")
     assert str(wheel_requires(wheel)["torch"]) == "torch==2.14.1"
     with zipfile.ZipFile(wheel) as archive:
         assert "sglang/__init__.py" in archive.namelist()
