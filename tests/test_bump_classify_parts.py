@@ -5,7 +5,6 @@ function a hunk header names, and the words of a conflict's detail."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,7 +19,24 @@ from sm120_build.bump.classify import (
     classify_hunk,
 )
 from sm120_build.gitrepo import git
-from sm120_build.patches import hunks_of
+from sm120_build.patches import Hunk, hunks_of
+
+
+def file_header(name: str) -> str:
+    return f"diff --git a/{name} b/{name}\n--- a/{name}\n+++ b/{name}\n"
+
+
+def one_hunk(name: str, text: str) -> Hunk:
+    """The hunk `text` (from its @@ line on) of a diff of the file `name`."""
+    (hunk,) = hunks_of(file_header(name) + text)
+    return hunk
+
+
+# A gate lifted in a.py: the hunk of the conflict tests.
+ALLOWED = one_hunk(
+    "a.py",
+    "@@ -1,2 +1,2 @@\n def allowed(major):\n-    return major in (9, 10)\n+    return True\n",
+)
 
 
 @pytest.mark.parametrize(
@@ -61,8 +77,7 @@ def test_each_verdict_has_its_action() -> None:
 
 def test_offsets_are_read_per_hunk_and_per_file_in_order() -> None:
     diff = "".join(
-        f"diff --git a/{name} b/{name}\n--- a/{name}\n+++ b/{name}\n"
-        + "".join(f"@@ -{n},1 +{n},1 @@\n-x\n+y\n" for n in starts)
+        file_header(name) + "".join(f"@@ -{n},1 +{n},1 @@\n-x\n+y\n" for n in starts)
         for name, starts in (("a.py", (1, 10, 20)), ("b.cu", (5,)))
     )
     output = (
@@ -106,11 +121,7 @@ def test_a_conflict_says_where_the_context_moved_and_the_first_line_that_differs
     found = "value = 'something else entirely, also past sixty characters long'"
     target = tmp_path / "a.py"
     target.write_text(f"header\n{long}\n    {found}\n")
-    diff = (
-        "diff --git a/a.py b/a.py\n--- a/a.py\n+++ b/a.py\n"
-        f"@@ -1,3 +1,3 @@\n {long}\n-    {expected}\n+    value = 1\n"
-    )
-    (hunk,) = hunks_of(diff)
+    hunk = one_hunk("a.py", f"@@ -1,3 +1,3 @@\n {long}\n-    {expected}\n+    value = 1\n")
     assert _where_it_differs(hunk, target) == (
         f"context {'x' * 50!r} is at a.py:2; at line 3 the hunk expects {expected[:60]!r}, "
         f"the candidate has {found[:60]!r}"
@@ -121,13 +132,7 @@ def test_a_conflict_says_where_the_context_moved_and_the_first_line_that_differs
 def test_a_conflict_whose_file_ended_says_so(tmp_path: Path) -> None:
     target = tmp_path / "a.py"
     target.write_text("def allowed(major):\n")
-    diff = (
-        "diff --git a/a.py b/a.py\n--- a/a.py\n+++ b/a.py\n"
-        "@@ -1,2 +1,2 @@\n def allowed(major):\n-    return major in (9, 10)\n"
-        "+    return True\n"
-    )
-    (hunk,) = hunks_of(diff)
-    assert _where_it_differs(hunk, target).endswith(
+    assert _where_it_differs(ALLOWED, target).endswith(
         "at line 2 the hunk expects 'return major in (9, 10)', the candidate has '<end of file>'"
     )
 
@@ -135,17 +140,12 @@ def test_a_conflict_whose_file_ended_says_so(tmp_path: Path) -> None:
 def test_a_conflict_in_a_re_indented_file_names_the_line_and_says_so(tmp_path: Path) -> None:
     target = tmp_path / "a.py"
     target.write_text("class Gate:\n    def allowed(major):\n        return major in (9, 10)\n")
-    diff = (
-        "diff --git a/a.py b/a.py\n--- a/a.py\n+++ b/a.py\n"
-        "@@ -1,2 +1,2 @@\n def allowed(major):\n-    return major in (9, 10)\n+    return True\n"
-    )
-    (hunk,) = hunks_of(diff)
-    assert _where_it_differs(hunk, target) == (
+    assert _where_it_differs(ALLOWED, target) == (
         "its context line 'def allowed(major):' is at a.py:2, indented otherwise; the "
         "candidate's file was re-indented there"
     )
     target.write_text("nothing of it\n")
-    assert _where_it_differs(hunk, target) == (
+    assert _where_it_differs(ALLOWED, target) == (
         "none of the hunk's context lines is in the candidate's a.py"
     )
 
@@ -153,15 +153,13 @@ def test_a_conflict_in_a_re_indented_file_names_the_line_and_says_so(tmp_path: P
 LINES = [f"line {n} of the file" for n in range(1, 13)]
 
 
-def hunk_on(old: list[str], new: list[str], start: int = 1) -> Any:
+def hunk_on(old: list[str], new: list[str], start: int = 1) -> Hunk:
     """One hunk of a.txt that turns `old` into `new`, the two sharing their first and
     last line as context."""
     body = [f" {old[0]}", *(f"-{line}" for line in old[1:-1]), *(f"+{line}" for line in new[1:-1])]
     body.append(f" {old[-1]}")
     header = f"@@ -{start},{len(old)} +{start},{len(new)} @@"
-    diff = "diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n" + "\n".join([header, *body])
-    (hunk,) = hunks_of(diff + "\n")
-    return hunk
+    return one_hunk("a.txt", "\n".join([header, *body]) + "\n")
 
 
 def tree_with(tmp_path: Path, lines: list[str] | None) -> Path:
@@ -208,7 +206,9 @@ HEADER = "@@ -1,3 +1,3 @@"
         ),
     ],
 )
-def test_each_hunk_verdict_whole(tmp_path: Path, lines: list[str] | None, verdict: Any) -> None:
+def test_each_hunk_verdict_whole(
+    tmp_path: Path, lines: list[str] | None, verdict: HunkVerdict
+) -> None:
     assert classify_hunk(tree_with(tmp_path, lines), CHANGE) == verdict
 
 
@@ -227,11 +227,11 @@ def test_a_hunk_that_only_adds_lines_already_elsewhere_is_upstream_in_another_fo
 
 
 def test_a_fuzzed_hunk_says_where_it_lands(tmp_path: Path) -> None:
-    diff = (
-        "diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -5,5 +5,5 @@\n"
-        f" {LINES[4]}\n {LINES[5]}\n-{LINES[6]}\n+line 7, changed\n {LINES[7]}\n {LINES[8]}\n"
+    wide = one_hunk(
+        "a.txt",
+        "@@ -5,5 +5,5 @@\n"
+        f" {LINES[4]}\n {LINES[5]}\n-{LINES[6]}\n+line 7, changed\n {LINES[7]}\n {LINES[8]}\n",
     )
-    (wide,) = hunks_of(diff)
     lines = list(LINES)
     lines[4] = "line 5, its outer context, changed upstream"
     verdict = classify_hunk(tree_with(tmp_path, lines), wide)
