@@ -62,6 +62,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
+def without_pip_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """None of the shell's PIP_* settings: pip is configured as each test says."""
+    for name in [n for n in os.environ if n.startswith("PIP_")]:
+        monkeypatch.delenv(name)
+
+
+@pytest.fixture
 def server() -> Iterator[str]:
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -261,6 +268,7 @@ def test_a_download_that_cannot_be_written_keeps_nothing_and_says_what_to_do(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.usefixtures("without_pip_settings")
 def test_pip_s_sources_come_from_its_configuration_as_pip_ranks_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -280,8 +288,6 @@ def test_pip_s_sources_come_from_its_configuration_as_pip_ranks_it(
         "[install]\n"
         "index-url = https://install.invalid/simple\n"
     )
-    for name in [n for n in os.environ if n.startswith("PIP_")]:
-        monkeypatch.delenv(name)
     monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
     monkeypatch.setenv("PIP_FIND_LINKS", "/srv/a /srv/b")
     assert index.pip_sources() == Sources(
@@ -304,11 +310,10 @@ def test_pip_s_sources_come_from_its_configuration_as_pip_ranks_it(
     assert len(index.pip_sources().indexes) == 3
 
 
+@pytest.mark.usefixtures("without_pip_settings")
 def test_without_an_index_url_pip_s_own_default_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
     from pip._internal.models.index import PyPI
 
-    for name in [n for n in os.environ if n.startswith("PIP_")]:
-        monkeypatch.delenv(name)
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     assert index.pip_sources() == Sources((), (PyPI.simple_url,), ())
 

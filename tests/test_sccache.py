@@ -37,6 +37,13 @@ def listening(port: int) -> bool:
 
 
 @pytest.fixture
+def without_sccache_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """None of the shell's SCCACHE_* settings: the cache is the build's own."""
+    for name in [n for n in os.environ if n.startswith("SCCACHE_")]:
+        monkeypatch.delenv(name)
+
+
+@pytest.fixture
 def launcher(tmp_path: Path) -> Iterator[Launcher]:
     env = {"SCCACHE_DIR": str(tmp_path / "sccache"), "SCCACHE_SERVER_PORT": str(free_port())}
     launcher = Launcher(SCCACHE, env, own_server=True)
@@ -84,6 +91,7 @@ def test_a_port_another_program_holds_costs_the_cache_not_the_build(
     assert "compiling without the compiler cache" in capfd.readouterr().err
 
 
+@pytest.mark.usefixtures("without_sccache_settings")
 def test_the_build_finds_sccache_beside_its_python_off_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -93,8 +101,6 @@ def test_the_build_finds_sccache_beside_its_python_off_path(
     from sm120_build.layout import Layout
 
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
-    for name in [n for n in os.environ if n.startswith("SCCACHE_")]:
-        monkeypatch.delenv(name)
     assert shutil.which("sccache") is None
     found = launcher_for(Layout(root=tmp_path, cache=tmp_path / ".cache"))
     assert found is not None
@@ -129,6 +135,7 @@ def test_a_server_the_user_runs_is_neither_counted_nor_stopped(
     assert listening(int(launcher.env["SCCACHE_SERVER_PORT"]))  # the fixture stops it
 
 
+@pytest.mark.usefixtures("without_sccache_settings")
 @pytest.mark.parametrize(
     ("setting", "own"),
     [
@@ -145,8 +152,6 @@ def test_the_user_s_sccache_settings_hand_the_cache_over_to_sccache(
     from sm120_build.jit_cache.sccache import launcher_for
     from sm120_build.layout import Layout
 
-    for name in [n for n in os.environ if n.startswith("SCCACHE_")]:
-        monkeypatch.delenv(name)
     for name, value in setting.items():
         monkeypatch.setenv(name, value)
     found = launcher_for(Layout(root=tmp_path, cache=tmp_path / ".cache"))
