@@ -7,6 +7,7 @@ import hashlib
 import io
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 from packaging.utils import canonicalize_name
 
+from sm120_build.errors import UserError
 from sm120_build.pins import Companion, Upstream
 from sm120_build.pins import load as load_pins
 from sm120_build.wheels import assemble_wheelhouse, finalize_wheel
@@ -49,6 +51,21 @@ def record_of(files: dict[str, bytes]) -> tuple[str, bytes]:
             rows.append(f"{name},sha256={digest.decode()},{len(data)}\n")
     rows.append(f"{record_name},,\n")
     return record_name, "".join(rows).encode()
+
+
+def refusal(call: Callable[..., object], *args: object) -> str:
+    """What `call(*args)` refuses with: its UserError's message (it must raise one)."""
+    with pytest.raises(UserError) as refused:
+        call(*args)
+    return str(refused.value)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on when this returns."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def zip_wheel(path: Path, files: dict[str, bytes]) -> Path:

@@ -8,7 +8,6 @@ import base64
 import hashlib
 import http.server
 import os
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,8 @@ import pytest
 from sm120_build import index
 from sm120_build.errors import UserError
 from sm120_build.index import Link, Reader, Sources
+
+from .conftest import free_port
 
 TOKEN = base64.b64encode(b"reader:s3cret/pw").decode()
 SHA = hashlib.sha256(b"wheel bytes").hexdigest()
@@ -195,9 +196,7 @@ def test_a_refusal_is_a_clear_error_that_names_no_credentials(
 
 
 def test_an_index_that_cannot_be_reached_names_the_server_and_the_time_allowed() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # closed when the block ends: nothing listens there
+    port = free_port()
     with pytest.raises(UserError) as refused:
         index.project_links(Sources((), (f"http://u:p@127.0.0.1:{port}/simple",)), "demo", 2.5)
     message = str(refused.value)

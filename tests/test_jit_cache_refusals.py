@@ -8,23 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from sm120_build.errors import UserError
 from sm120_build.jit_cache import sources
 from sm120_build.jit_cache.arch import Arch, check_archs, check_modules_cover_archs
 from sm120_build.jit_cache.overlay import base_member_problem, check_base
 from sm120_build.jit_cache.render import Module
 from sm120_build.toolkit import Toolkit
 
+from .conftest import refusal
+
 
 def module(name: str, *codes: str) -> Module:
     flags = [f"-gencode=arch=compute_{code},code=sm_{code}" for code in codes]
     return Module(name, name, [f"{name}.cu"], [], flags, [], [], False)
-
-
-def refusal(call: object, *args: object) -> str:
-    with pytest.raises(UserError) as refused:
-        call(*args)  # type: ignore[operator]
-    return str(refused.value)
 
 
 def test_a_module_for_no_requested_major_is_refused_naming_its_arch_and_the_request() -> None:

@@ -26,16 +26,16 @@ from sm120_build.cache import sha256_of
 from sm120_build.pins import Companion
 from sm120_build.publish import LocalWheel, local_wheels, write_static_index
 
-from .conftest import REPO, installed_versions, small_wheel, wheel_in, wheelhouse_project
+from .conftest import (
+    REPO,
+    free_port,
+    installed_versions,
+    small_wheel,
+    wheel_in,
+    wheelhouse_project,
+)
 
 PASSWORD = "correct-horse-battery-4711"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture

