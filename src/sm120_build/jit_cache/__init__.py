@@ -48,12 +48,15 @@ __all__ = [
     "Arch",
     "KernelRequest",
     "Part",
+    "PartKeys",
     "ShardSpec",
     "assemble",
     "base_wheel",
     "check_archs",
     "check_paths",
     "compile_part",
+    "part_keys",
+    "part_record",
     "plan",
     "read_shards",
     "version",
@@ -107,25 +110,30 @@ def version(layout: Layout, pins: Pins, request: KernelRequest, cuda: toolkit.To
     return f"{upstream.version}+{cuda.label}.{archs}.{series}"
 
 
-def compile_part(
+@dataclass(frozen=True)
+class PartKeys:
+    """A part's cache keys. `inputs`: what every module's build depends on besides its own
+    sources and flags (each module's key holds it). `build`: what every shard of one build
+    shares; the merge accepts only shards that agree. `entry`: this shard's cache entry."""
+
+    inputs: str
+    build: str
+    entry: str
+
+
+def part_keys(
     layout: Layout,
     pins: Pins,
     request: KernelRequest,
     cuda: toolkit.Toolkit,
     toolkit_source: str,
     shard: ShardSpec,
-) -> Part:
-    """Compile `shard`'s share of the requested modules (all of them for 1/1), or reuse the
-    cached result of the same inputs."""
-    tree = layout.vendor / "flashinfer"
-    archs = sorted(set(request.archs))
-    jit_version = version(layout, pins, request, cuda)
-    costs = shards.load_costs(layout.costs_file) if shard.count > 1 else shards.Costs({}, {})
-    # What every module's build depends on besides its own sources and flags.
+    costs: shards.Costs,
+) -> PartKeys:
     inputs = digest(
         "jit-cache",
-        jit_version,
-        vendor.current_inputs(tree),
+        version(layout, pins, request, cuda),
+        vendor.current_inputs(layout.vendor / "flashinfer"),
         toolkit_source,
         cuda.full_version,
         cmake.host_compilers(),
@@ -138,8 +146,7 @@ def compile_part(
         ),
         files_digest([_HERE / name for name in _MODULE_CODE] + [_HERE.parent / "toolkit.py"]),
     )
-    # Every shard of one build shares this key; the merge accepts only shards that agree.
-    build_key = digest(
+    build = digest(
         inputs,
         files_digest(
             [
@@ -154,8 +161,53 @@ def compile_part(
         costs.modules,
         costs.per_unit,
     )
-    entry = layout.cache / "artifacts" / "jit-cache" / digest(build_key, shard.index)
-    detail(f"jit-cache build key {build_key}, entry {entry.name}; shared inputs {inputs}")
+    return PartKeys(inputs, build, digest(build, shard.index))
+
+
+def part_record(
+    keys: PartKeys,
+    shard: ShardSpec,
+    split: list[list[str]],
+    request: KernelRequest,
+    jit_version: str,
+    toolkit_record: dict[str, str],
+    built: cmake.KernelBuild,
+    cached: dict[str, module_cache.CachedModule],
+) -> dict[str, object]:
+    """What a part says of itself: the merge checks it against the other shards, and the
+    wheel's provenance is made from it."""
+    return {
+        "key": keys.build,
+        "index": shard.index,
+        "count": shard.count,
+        "plan": split,
+        "version": jit_version,
+        "toolkit": toolkit_record,
+        "archs": [str(arch) for arch in sorted(set(request.archs))],
+        "recipes": request.recipes,
+        "modules": {**built.modules, **{name: module.recipe for name, module in cached.items()}},
+        "compile_commands": built.compile_commands
+        + [command for module in cached.values() for command in module.compile_commands],
+    }
+
+
+def compile_part(
+    layout: Layout,
+    pins: Pins,
+    request: KernelRequest,
+    cuda: toolkit.Toolkit,
+    toolkit_source: str,
+    shard: ShardSpec,
+) -> Part:
+    """Compile `shard`'s share of the requested modules (all of them for 1/1), or reuse the
+    cached result of the same inputs."""
+    tree = layout.vendor / "flashinfer"
+    archs = sorted(set(request.archs))
+    jit_version = version(layout, pins, request, cuda)
+    costs = shards.load_costs(layout.costs_file) if shard.count > 1 else shards.Costs({}, {})
+    keys = part_keys(layout, pins, request, cuda, toolkit_source, shard, costs)
+    entry = layout.cache / "artifacts" / "jit-cache" / keys.entry
+    detail(f"jit-cache build key {keys.build}, entry {entry.name}; shared inputs {keys.inputs}")
     what = f"flashinfer-jit-cache {jit_version}" + (
         f", shard {shard.index}/{shard.count}" if shard.count > 1 else ""
     )
@@ -187,16 +239,16 @@ def compile_part(
             # another virtual environment (build_shard's beside build_wheels') or cache
             # location takes the same entries. sglang's kernels also by sglang's inputs.
             paths = cmake.machine_paths(exported, cuda, sglang_exported)
-            keys = {
+            module_keys = {
                 module.name: module_cache.key(
-                    inputs + (sglang_inputs if module.name.startswith(MODULE_PREFIX) else ""),
+                    keys.inputs + (sglang_inputs if module.name.startswith(MODULE_PREFIX) else ""),
                     cmake.portable(module, paths),
                 )
                 for module in share
             }
-            for name, key in keys.items():
+            for name, key in module_keys.items():
                 detail(f"module {name}: key {key}")
-            cached = module_cache.lookup(layout.built_modules, keys)
+            cached = module_cache.lookup(layout.built_modules, module_keys)
             if cached:
                 say(
                     f"{len(cached)} of {len(share)} module(s) built before from the same "
@@ -214,23 +266,11 @@ def compile_part(
                 launcher=launcher_for(layout),
                 sglang=sglang_exported,
             )
-        module_cache.store(layout.built_modules, result, keys)
-        record = {
-            "key": build_key,
-            "index": shard.index,
-            "count": shard.count,
-            "plan": split,
-            "version": jit_version,
-            "toolkit": {"cuda": cuda.full_version, "source": toolkit_source},
-            "archs": [str(arch) for arch in archs],
-            "recipes": request.recipes,
-            "modules": {
-                **result.modules,
-                **{name: module.recipe for name, module in cached.items()},
-            },
-            "compile_commands": result.compile_commands
-            + [command for module in cached.values() for command in module.compile_commands],
-        }
+        module_cache.store(layout.built_modules, result, module_keys)
+        toolkit_record = {"cuda": cuda.full_version, "source": toolkit_source}
+        record = part_record(
+            keys, shard, split, request, jit_version, toolkit_record, result, cached
+        )
         wheel = store_wheel(
             module_cache.add_to_wheel(
                 result.wheel, list(cached.values()), scratch / "whole" / result.wheel.name
