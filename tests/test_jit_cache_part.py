@@ -24,6 +24,7 @@ from sm120_build.jit_cache import (
     PartKeys,
     ShardSpec,
     assemble,
+    check_paths,
     compile_part,
     part_keys,
     part_record,
@@ -129,6 +130,8 @@ def test_what_shapes_every_module_changes_every_key(
     assert changed(before, keys_of(build_pins=more_requirements)) == everything
     vendored(layout, "b" * 64)
     assert changed(before, keys_of()) == everything
+    vendored(layout, INPUTS[:8] + "b" * 56)  # the same series label, so the same version
+    assert changed(before, keys_of()) == everything
     vendored(layout)
     for name in ("CMakeLists.txt", "pyproject.toml"):
         file = layout.kernel_project / name
@@ -147,6 +150,8 @@ def test_what_shapes_only_the_part_changes_its_build_and_entry_keys(
     assert changed(before, keys_of(shard=ShardSpec(1, 3))) == part_only
     assert changed(before, keys_of(costs=Costs({"norm": 10.0}, {}))) == part_only
     assert changed(before, keys_of(costs=Costs({}, {"norm": 1.5}))) == part_only
+    reordered = dataclasses.replace(REQUEST, recipes=dict(reversed(REQUEST.recipes.items())))
+    assert keys_of(request=reordered) == before
     fewer = dataclasses.replace(REQUEST, recipes={"norm": "gen_norm_module()"})
     assert changed(before, keys_of(request=fewer)) == part_only
     package = layout.kernel_project / "flashinfer_jit_cache" / "__init__.py"
@@ -294,7 +299,7 @@ def part_of(
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the parts are tagged x86_64")
 def test_the_wheel_assembled_from_parts_holds_every_module_and_its_provenance(
-    layout: Layout, pins: pins_module.Pins, tmp_path: Path
+    layout: Layout, pins: pins_module.Pins, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     jit_version = version(layout, pins, REQUEST, CUDA)
     parts = [
@@ -305,6 +310,7 @@ def test_the_wheel_assembled_from_parts_holds_every_module_and_its_provenance(
     out.mkdir()
     wheel = assemble(layout, pins, parts, None, out)
     assert wheel.parent == out
+    assert "platform tag manylinux_2_5_x86_64" in capsys.readouterr().err
     # The contents' label, and the tag auditwheel gives a .so that needs nothing newer.
     expected = rf"flashinfer_jit_cache-{re.escape(jit_version)}\.c[0-9a-f]{{8}}"
     expected += r"-py3-none-manylinux_2_5_x86_64\.whl"
@@ -347,7 +353,7 @@ def test_an_assembled_wheel_above_the_glibc_baseline_is_refused_and_nothing_is_w
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the parts are tagged x86_64")
 def test_a_base_jit_cache_gives_the_modules_no_part_built_and_is_recorded(
-    layout: Layout, pins: pins_module.Pins, tmp_path: Path
+    layout: Layout, pins: pins_module.Pins, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     jit_version = version(layout, pins, REQUEST, CUDA)
     ours = part_of(tmp_path / "ours", jit_version, {"norm": "gen_norm_module()"})
@@ -360,6 +366,8 @@ def test_a_base_jit_cache_gives_the_modules_no_part_built_and_is_recorded(
     out = tmp_path / "out"
     out.mkdir()
     wheel = assemble(layout, pins, [ours], str(base), out)
+    said = capsys.readouterr().err
+    assert f"kept 1 module(s) of {base.name}; ours replace the rest" in said
     with zipfile.ZipFile(wheel) as archive, zipfile.ZipFile(ours.wheel) as built:
         (provenance_name,) = [n for n in archive.namelist() if n.endswith(PROVENANCE_FILE)]
         provenance = json.loads(archive.read(provenance_name))
@@ -372,3 +380,15 @@ def test_a_base_jit_cache_gives_the_modules_no_part_built_and_is_recorded(
         "modules": ["act"],
     }
     assert provenance["modules"] == {"norm": "gen_norm_module()"}  # what we built
+
+
+def test_the_paths_nvcc_would_see_are_checked_before_anything_runs(tmp_path: Path) -> None:
+    fine = Layout(root=tmp_path, cache=tmp_path / "cache")
+    check_paths(fine, REQUEST)
+    check_paths(fine, dataclasses.replace(REQUEST, cuda_home=tmp_path / "cuda"))
+    spaced = Layout(root=tmp_path, cache=tmp_path / "a cache")
+    assert refusal(check_paths, spaced, REQUEST).startswith(
+        f"the cache (SM120_CACHE_DIR) is '{tmp_path}/a cache', and the CUDA toolchain"
+    )
+    home = dataclasses.replace(REQUEST, cuda_home=tmp_path / "cuda;12")
+    assert refusal(check_paths, fine, home).startswith(f"--cuda-home is '{tmp_path}/cuda;12', ")

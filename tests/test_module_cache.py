@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -91,8 +92,14 @@ def test_stored_modules_come_back_with_their_own_files_and_commands(stored: Any)
     directory, _, keys = stored
     found = module_cache.lookup(directory, keys)
     assert sorted(found) == ["norm", "norm_extra"]
-    assert found["norm"].compile_commands == [command("norm")]
-    assert found["norm"].recipe == "recipe"
+    assert found["norm"] == module_cache.CachedModule(
+        "norm", "recipe", [command("norm")], directory / keys["norm"] / module_cache.ARCHIVE
+    )
+    # The entry's record, for the provenance and for whoever reads the cache: sorted keys,
+    # so the same module gives the same bytes.
+    assert (directory / keys["norm"] / module_cache.RECORD).read_text() == json.dumps(
+        {"compile_commands": [command("norm")], "name": "norm", "recipe": "recipe"}
+    )
     with zipfile.ZipFile(found["norm"].archive) as archive:
         assert archive.namelist() == [f"{JIT_CACHE_PREFIX}norm/norm.so"]
 
