@@ -100,6 +100,11 @@ def test_offsets_are_read_per_hunk_and_per_file_in_order() -> None:
         ("@@ -1,2 +1,2 @@   class Gate:  ", "class Gate"),
         ("@@ -1,2 +1,2 @@", ""),
         ("@@ -1,2 +1,2", ""),
+        # The context itself may hold '@@' (a string, a comment): it is kept whole.
+        (
+            '@@ -1,2 +1,2 @@ void f(const char *s = "@@ x @@") {',
+            'void f(const char *s = "@@ x @@")',
+        ),
     ],
 )
 def test_the_function_a_hunk_header_names(header: str, function: str) -> None:
@@ -137,11 +142,36 @@ def test_a_conflict_whose_file_ended_says_so(tmp_path: Path) -> None:
     )
 
 
+def test_a_conflict_whose_first_context_line_is_gone_is_placed_by_the_next(
+    tmp_path: Path,
+) -> None:
+    """The first context line is nowhere in the candidate: the second one places the hunk,
+    and the comparison starts one line above it."""
+    hunk = one_hunk(
+        "a.py",
+        "@@ -1,3 +1,3 @@\n # a comment upstream removed\n def allowed(major):\n"
+        "-    return major in (9, 10)\n+    return True\n",
+    )
+    target = tmp_path / "a.py"
+    target.write_bytes(b"# caf\xe9, not UTF-8\nimport os\ndef allowed(major):\n    return False\n")
+    assert _where_it_differs(hunk, target) == (
+        "context 'def allowed(major):' is at a.py:3; at line 2 the hunk expects "
+        "'# a comment upstream removed', the candidate has 'import os'"
+    )
+
+
 def test_a_conflict_in_a_re_indented_file_names_the_line_and_says_so(tmp_path: Path) -> None:
     target = tmp_path / "a.py"
     target.write_text("class Gate:\n    def allowed(major):\n        return major in (9, 10)\n")
     assert _where_it_differs(ALLOWED, target) == (
         "its context line 'def allowed(major):' is at a.py:2, indented otherwise; the "
+        "candidate's file was re-indented there"
+    )
+    long = "value = 'a context line longer than fifty characters, cut short'"
+    hunk = one_hunk("a.py", f"@@ -1,2 +1,2 @@\n {long}\n-x = 1\n+x = 2\n")
+    target.write_text(f"if True:\n    {long}\n")
+    assert _where_it_differs(hunk, target) == (
+        f"its context line {long[:50]!r} is at a.py:2, indented otherwise; the "
         "candidate's file was re-indented there"
     )
     target.write_text("nothing of it\n")
@@ -250,3 +280,53 @@ def test_a_moved_hunk_is_an_offset_by_so_many_lines(tmp_path: Path) -> None:
     moved = hunk_on(LINES[4:7], [LINES[4], "line 6, changed", LINES[6]], start=5)
     tree = tree_with(tmp_path, ["new first", "new second", *LINES])
     assert classify_hunk(tree, moved) == HunkVerdict("a.txt", "@@ -5,3 +5,3 @@", "offset", 2)
+
+
+def test_a_fuzzed_hunk_outside_any_function_in_a_subdirectory_says_only_the_line(
+    tmp_path: Path,
+) -> None:
+    """No line above the change starts a function (each is indented): the detail names the
+    line and the file, and no function."""
+    indented = [f"  {line}" for line in LINES]
+    wide = one_hunk(
+        "sub/dir/a.txt",
+        "@@ -5,5 +5,5 @@\n"
+        + "".join(f" {line}\n" for line in indented[4:6])
+        + f"-{indented[6]}\n+  line 7, changed\n"
+        + "".join(f" {line}\n" for line in indented[7:9]),
+    )
+    tree = tmp_path / "tree"
+    (tree / "sub" / "dir").mkdir(parents=True)
+    git(tree, "init", "--quiet")
+    indented[4] = "  line 5, its outer context, changed upstream"
+    (tree / "sub" / "dir" / "a.txt").write_text("".join(f"{line}\n" for line in indented))
+    assert classify_hunk(tree, wide).detail == (
+        "applies only with 1 line of context, at line 7 of sub/dir/a.txt"
+    )
+
+
+def test_a_fuzzed_hunk_that_lands_in_another_function_says_so(tmp_path: Path) -> None:
+    """The patch's gate is in gen_sm90; upstream rewrote that function, and only the one
+    line of context around the change still matches, in gen_sm89: git would apply it there."""
+    gate = one_hunk(
+        "gen.py",
+        "@@ -2,5 +2,5 @@ def gen_sm90():\n"
+        "     flags = common()\n     nvcc = find()\n-    return arch(9)\n+    return arch(12)\n"
+        "     done = 1\n     end = 2\n",
+    )
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    git(tree, "init", "--quiet")
+    (tree / "gen.py").write_text(
+        "def gen_sm90():\n    flags = other()\n    nvcc = elsewhere()\n    return arch(9)\n"
+        "    done = 0\n    end = 2\n"
+        "def gen_sm89():\n    flags = changed()\n    nvcc = find()\n    return arch(9)\n"
+        "    done = 1\n    end = 3\n"
+    )
+    assert classify_hunk(tree, gate) == HunkVerdict(
+        "gen.py",
+        "@@ -2,5 +2,5 @@",
+        "fuzz",
+        detail="applies only with 1 line of context, at line 10 of gen.py, in def gen_sm89(): "
+        "NOT in def gen_sm90(), where the patch made it",
+    )

@@ -113,6 +113,18 @@ def _drop_key(block: str, key: str) -> str:
     return re.sub(rf"^{re.escape(key)} = (\[[^\]]*\]|.*)\n", "", block, flags=re.M)
 
 
+def _comments_above(text: str, at: int) -> int:
+    """Where the comment lines right above the line that starts at `at` begin (`at` if there
+    are none)."""
+    start = at
+    while start > 0:
+        previous = text.rfind("\n", 0, start - 1) + 1
+        if not text[previous:start].startswith("#"):
+            break
+        start = previous
+    return start
+
+
 def _pins_text(text: str, results: list[Candidate], companions: Mapping[str, Pinned]) -> str:
     """pins.toml with each candidate's upstream table and the companions moved."""
     for result in results:
@@ -137,15 +149,10 @@ def _pins_text(text: str, results: list[Candidate], companions: Mapping[str, Pin
         if span is None:
             continue
         if pinned is None:
-            # The table goes, with the comment lines right above it, which describe it.
+            # The table goes, with the comment lines right above it, which describe it; those
+            # right above the next table (its body's last lines) describe that one, and stay.
             header = text.rindex(f"[companions.{name}]", 0, span[0])
-            start = header
-            while start > 0:
-                previous = text.rfind("\n", 0, start - 1) + 1
-                if not text[previous:start].startswith("#"):
-                    break
-                start = previous
-            text = text[:start] + text[span[1] :]
+            text = text[: _comments_above(text, header)] + text[_comments_above(text, span[1]) :]
         else:
             block = _set_key(text[span[0] : span[1]], "version", pinned[0])
             block = _set_key(block, "sha256", list(pinned[1]))
