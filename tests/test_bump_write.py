@@ -26,14 +26,14 @@ from sm120_build.bump import (
     write_new_stack,
 )
 from sm120_build.bump.candidate import fetch_candidate, wheel_requires
-from sm120_build.bump.write import JOURNAL, stage
+from sm120_build.bump.write import JOURNAL, STAGING, stage
 from sm120_build.errors import UserError
 from sm120_build.gitrepo import git
 from sm120_build.layout import Layout
 from sm120_build.pins import Artifact
 from sm120_build.pins import load as load_pins
 
-from .conftest import HEADER, sglang_wheel
+from .conftest import HEADER, refusal, sglang_wheel
 
 SHA = "0" * 64
 CUBIN = "1" * 64
@@ -353,3 +353,48 @@ def test_an_untracked_file_in_a_new_directory_is_named_itself(project: Layout) -
     assert unsaved(project, load_pins(project.pins_file)) == [
         "patches/sglang/drafts/0009-mine.patch: uncommitted (??)"
     ]
+
+
+def test_each_companion_is_matched_to_the_sglang_requirement_of_its_own_name(
+    tmp_path: Path,
+) -> None:
+    """The first companion no longer required does not end the look at the others."""
+    pins_file = tmp_path / "pins.toml"
+    pins_file.write_text(
+        PINS + f'\n[companions.aaa-first]\nversion = "1.0"\nsha256 = ["{CUBIN}"]\n'
+    )
+    pins = load_pins(pins_file)
+    requires = {"flashinfer-cubin": Requirement("flashinfer_cubin==0.6.4")}
+    assert companion_pins(pins, requires, "1.1") == {
+        "aaa-first": ("1.0", None),
+        "flashinfer-cubin": ("0.6.3", "0.6.4"),
+    }
+    loose = {"flashinfer-cubin": Requirement("flashinfer_cubin>=0.6")}
+    assert refusal(companion_pins, pins, loose, "1.1") == (
+        "sglang 1.1 requires flashinfer_cubin>=0.6, which pins no one version of "
+        "flashinfer-cubin: pin it in pins.toml by hand. Nothing was written."
+    )
+
+
+def test_a_stack_that_exists_is_refused_in_full(project: Layout) -> None:
+    files = new_files([candidate(project, "2.0")], project.pins_file, project.patches, {})
+    (project.root / "stacks" / "sglang-2.0").mkdir(parents=True)
+    assert refusal(write_new_stack, project, "sglang-2.0", files) == (
+        "stacks/sglang-2.0 exists already: bump from it (--stack sglang-2.0), or move it away. "
+        "Nothing was written."
+    )
+
+
+def test_staging_left_by_a_run_stopped_before_its_journal_is_made_again(project: Layout) -> None:
+    leftover = project.stack / STAGING
+    leftover.mkdir()
+    (leftover / "pins.toml").write_text("half of an old run's pins\n")
+    (leftover / "stray.txt").write_text("from the stopped run")
+    files = new_files([candidate(project, "1.1")], project.pins_file, project.patches, {})
+    journal = stage(project, files)
+    assert not (leftover / "stray.txt").exists()
+    assert (leftover / "pins.toml").read_text() == files.texts["pins.toml"]
+    assert journal == {
+        "replace": ["patches/sglang/series", "pins.toml"],
+        "delete": ["patches/sglang/0007-upstream.patch"],
+    }
