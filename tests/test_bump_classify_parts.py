@@ -11,15 +11,17 @@ import pytest
 from sm120_build.bump.classify import (
     ACTIONS,
     HunkVerdict,
+    PatchVerdict,
     _function_of,
     _meaningful,
     _patch_verdict,
     _per_hunk_offsets,
     _where_it_differs,
     classify_hunk,
+    classify_patch,
 )
 from sm120_build.gitrepo import git
-from sm120_build.patches import Hunk, hunks_of
+from sm120_build.patches import Hunk, Patch, hunks_of
 
 
 def file_header(name: str) -> str:
@@ -330,3 +332,111 @@ def test_a_fuzzed_hunk_that_lands_in_another_function_says_so(tmp_path: Path) ->
         detail="applies only with 1 line of context, at line 10 of gen.py, in def gen_sm89(): "
         "NOT in def gen_sm90(), where the patch made it",
     )
+
+
+def patch_of(tmp_path: Path, diff: str) -> Patch:
+    path = tmp_path / "0001-lift.patch"
+    path.write_text(diff)
+    return Patch(path, "", diff)
+
+
+def text_of(tree: Path) -> list[str]:
+    return (tree / "a.txt").read_text().splitlines()
+
+
+GATE = "    if (major < 12) return false;"
+LIFTED = "    if (major < 13) return false;"
+
+
+def gate_hunk(start: int, name: str) -> str:
+    """A hunk lifting the gate of function `name`, whose body starts at line `start`."""
+    return f"@@ -{start},3 +{start},3 @@\n void {name}() {{\n-{GATE}\n+{LIFTED}\n }}\n"
+
+
+def gates(*lifted: bool) -> list[str]:
+    lines = []
+    for n, done in enumerate(lifted):
+        lines += [f"void f{n}() {{", LIFTED if done else GATE, "}", f"// between {n}"]
+    return lines
+
+
+def test_a_whole_patch_that_applies_is_applied_hunk_by_hunk_clean_or_offset(
+    tmp_path: Path,
+) -> None:
+    diff = file_header("a.txt") + gate_hunk(1, "f0") + gate_hunk(5, "f1")
+    tree = tree_with(tmp_path, gates(False, False))
+    verdict = classify_patch(tree, patch_of(tmp_path, diff))
+    assert verdict == PatchVerdict(
+        "0001-lift.patch",
+        "clean",
+        "keep",
+        [
+            HunkVerdict("a.txt", "@@ -1,3 +1,3 @@", "clean"),
+            HunkVerdict("a.txt", "@@ -5,3 +5,3 @@", "clean"),
+        ],
+    )
+    assert text_of(tree) == gates(True, True)
+    # Two lines more above the second function: that hunk moved, the first did not.
+    tree = tmp_path / "moved"
+    tree.mkdir()
+    git(tree, "init", "--quiet")
+    lines = gates(False, False)
+    (tree / "a.txt").write_text("\n".join([*lines[:4], "// new", "// new", *lines[4:]]) + "\n")
+    verdict = classify_patch(tree, patch_of(tmp_path, diff))
+    assert (verdict.verdict, verdict.action) == ("offset", "keep")
+    assert [(h.verdict, h.offset) for h in verdict.hunks] == [("clean", 0), ("offset", 2)]
+    assert LIFTED in text_of(tree)[1] and text_of(tree)[7] == LIFTED
+
+
+def test_only_a_whole_patch_that_reverse_applies_is_upstream(tmp_path: Path) -> None:
+    diff = file_header("a.txt") + gate_hunk(1, "f0") + gate_hunk(5, "f1")
+    tree = tree_with(tmp_path, gates(True, True))
+    verdict = classify_patch(tree, patch_of(tmp_path, diff))
+    assert verdict == PatchVerdict(
+        "0001-lift.patch",
+        "upstream",
+        "drop",
+        [
+            HunkVerdict("a.txt", "@@ -1,3 +1,3 @@", "upstream"),
+            HunkVerdict("a.txt", "@@ -5,3 +5,3 @@", "upstream"),
+        ],
+    )
+    assert text_of(tree) == gates(True, True)  # nothing applied
+
+
+def test_identical_hunks_that_each_reverse_apply_alone_are_not_upstream_while_a_gate_stands(
+    tmp_path: Path,
+) -> None:
+    """0001 was dropped when each of its textually identical hunks reverse-applied alone
+    (each found the one gate upstream had lifted) while another gate was still there."""
+    same = "@@ -1,3 +1,3 @@\n {\n-" + GATE + "\n+" + LIFTED + "\n }\n"
+    diff = file_header("a.txt") + same + same.replace("-1,3 +1,3", "-5,3 +5,3")
+    tree = tree_with(tmp_path, ["{", LIFTED, "}", "//", "{", GATE, "}"])
+    verdict = classify_patch(tree, patch_of(tmp_path, diff))
+    # Each hunk alone finds the lifted gate; the patch is refreshed by hand, not dropped.
+    assert (verdict.verdict, verdict.action) == ("partly upstream", "refresh")
+    assert [h.verdict for h in verdict.hunks] == ["upstream", "upstream"]
+    assert text_of(tree) == ["{", LIFTED, "}", "//", "{", GATE, "}"]
+
+
+def test_a_fuzzed_hunk_is_applied_with_one_line_of_context(tmp_path: Path) -> None:
+    wide = (
+        file_header("a.txt")
+        + "@@ -5,5 +5,5 @@\n"
+        + f" {LINES[4]}\n {LINES[5]}\n-{LINES[6]}\n+line 7, changed\n {LINES[7]}\n {LINES[8]}\n"
+    )
+    lines = list(LINES)
+    lines[4] = "line 5, its outer context, changed upstream"
+    tree = tree_with(tmp_path, lines)
+    verdict = classify_patch(tree, patch_of(tmp_path, wide))
+    assert (verdict.verdict, verdict.action) == ("fuzz", "refresh")
+    assert text_of(tree)[6] == "line 7, changed"
+
+
+def test_a_partly_upstream_patch_still_applies_the_hunks_that_apply(tmp_path: Path) -> None:
+    diff = file_header("a.txt") + gate_hunk(1, "f0") + gate_hunk(5, "f1")
+    tree = tree_with(tmp_path, gates(True, False))
+    verdict = classify_patch(tree, patch_of(tmp_path, diff))
+    assert (verdict.verdict, verdict.action) == ("partly upstream", "refresh")
+    assert [h.verdict for h in verdict.hunks] == ["upstream", "clean"]
+    assert text_of(tree) == gates(True, True)
