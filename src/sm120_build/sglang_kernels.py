@@ -34,16 +34,24 @@ def is_sglang_call(call: str) -> bool:
     return call.startswith(PREFIX)
 
 
-def _bare_packages(major: int) -> None:
+def _root() -> Path:
+    """The importable sglang's directory, found without importing it (or from the package
+    imported already, which may be a bare namespace of _bare_packages)."""
+    imported = sys.modules.get("sglang")
+    if imported is not None:
+        return Path(next(iter(imported.__path__)))
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("sglang is not importable")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _bare_packages(root: Path, major: int) -> None:
     """Enter sglang, sglang.srt and sglang.srt.utils as namespaces over the importable
     sglang's directories, and make load_jit's PDL test answer for `major` (it asks the
     current GPU, which a build machine does not have)."""
     if "sglang.jit_kernel.utils" in sys.modules:
         return
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("sglang is not importable")
-    root = Path(next(iter(spec.submodule_search_locations)))
     for name, directory in (
         ("sglang", root),
         ("sglang.srt", root / "srt"),
@@ -60,15 +68,48 @@ def _bare_packages(major: int) -> None:
     utils.is_arch_support_pdl = lambda: major >= 9  # type: ignore[attr-defined]
 
 
+def _installed(arch: tuple[int, int]) -> None:
+    """sglang 0.5.11 and later (sglang/kernels/): its kernels' loader imports the server's
+    utilities, so sglang is imported as it is. The loader names and builds a module for the
+    GPU it detects (kernels/jit/utils/arch.py), and sglang's platform probe asks torch for
+    one when it is imported: with no GPU here (a check run with --arch, a build machine),
+    both are told of one of `arch`, and the loader's target is what it would detect."""
+    import torch
+
+    if not torch.cuda.is_available():
+        major, minor = arch
+
+        class Properties:  # what sglang's platform probe reads (srt/platforms/__init__.py)
+            name = f"virtual SM{major}{minor} (sm120-build, no GPU here)"
+            total_memory = 96 * 2**30
+            multi_processor_count = 188
+
+        Properties.major, Properties.minor = major, minor  # type: ignore[attr-defined]
+        torch.cuda.is_available = lambda: True
+        torch.cuda.current_device = lambda: 0
+        torch.cuda.device_count = lambda: 1
+        torch.cuda.get_device_capability = lambda device=None: arch
+        torch.cuda.get_device_name = lambda device=None: Properties.name
+        torch.cuda.get_device_properties = lambda device=None: Properties()
+    jit_arch = importlib.import_module("sglang.kernels.jit.utils.arch")
+    vars(jit_arch)["_CUDA_ARCH"] = jit_arch.make_jit_cuda_arch(*arch)
+    vars(jit_arch)["_init_jit_cuda_arch_once"] = lambda: None
+
+
 def _plain_function(fn: Any = None, **_: Any) -> Any:
     """register_custom_op's two forms, @register_custom_op and @register_custom_op(...),
     each giving back the function itself."""
     return fn if fn is not None else (lambda function: function)
 
 
-def evaluate(call: str, major: int) -> Any:
-    """Evaluate a recipe's "<module>:<expression>" in that sglang kernel module."""
-    _bare_packages(major)
+def evaluate(call: str, arch: tuple[int, int]) -> Any:
+    """Evaluate a recipe's "<module>:<expression>" in that sglang kernel module, for a GPU
+    of compute capability `arch`."""
+    root = _root()
+    if (root / "kernels" / "jit").is_dir():
+        _installed(arch)
+    else:
+        _bare_packages(root, arch[0])
     module_name, _, expression = call.partition(":")
     namespace = vars(importlib.import_module(module_name))
     return eval(expression, dict(namespace))  # recipes come from our own profiles.toml

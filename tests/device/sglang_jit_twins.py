@@ -21,8 +21,7 @@ import sm120_build.sglang_kernels as sglang_kernels
 
 
 def outputs(mode: str) -> dict[str, torch.Tensor]:
-    major = torch.cuda.get_device_capability()[0]
-    sglang_kernels.evaluate("sglang.jit_kernel.utils:None", major)  # the bare packages
+    sglang_kernels.evaluate("sglang.jit_kernel.utils:None", torch.cuda.get_device_capability())
     utils: Any = sys.modules["sglang.jit_kernel.utils"]
     if mode == "jit":
         utils._prebuilt_module = lambda name: None  # as if the wheel held none

@@ -24,7 +24,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import fetch, glibc, profiles, toolkit, vendor, wheels
+from .. import fetch, glibc, profiles, sglang_env, toolkit, vendor, wheels
 from ..cache import (
     cached_wheel,
     digest,
@@ -191,6 +191,15 @@ def part_record(
     }
 
 
+def _sglang_python(layout: Layout, pins: Pins) -> Path | None:
+    """The Python of sglang's own environment, where its kernels are rendered from 0.5.11
+    on (their loader, sglang/kernels/jit/, imports the server's utilities); None for the
+    releases whose kernels jit_specs.py renders in this environment (sglang/jit_kernel/)."""
+    if not (layout.vendor / "sglang" / "sglang" / "kernels" / "jit").is_dir():
+        return None
+    return sglang_env.environment(layout, pins)
+
+
 def compile_part(
     layout: Layout,
     pins: Pins,
@@ -232,7 +241,14 @@ def compile_part(
             if wants_sglang
             else nullcontext(None) as sglang_exported,
         ):
-            modules = render.render_modules(exported, request.recipes, archs, cuda, sglang_exported)
+            modules = render.render_modules(
+                exported,
+                request.recipes,
+                archs,
+                cuda,
+                sglang_exported,
+                _sglang_python(layout, pins) if wants_sglang else None,
+            )
             split = shards.plan(modules, costs, shard.count)
             share = [module for module in modules if module.name in split[shard.index - 1]]
             # Keyed by the module with this machine's paths named, not spelled out: a build in
@@ -362,7 +378,12 @@ def plan(
         else nullcontext(None) as sglang_exported,
     ):
         modules = render.render_modules(
-            exported, request.recipes, sorted(set(request.archs)), cuda, sglang_exported
+            exported,
+            request.recipes,
+            sorted(set(request.archs)),
+            cuda,
+            sglang_exported,
+            _sglang_python(layout, pins) if wants_sglang else None,
         )
     split = shards.plan(modules, costs, count)
     print(shards.plan_table(modules, costs, split))

@@ -97,8 +97,8 @@ def sglang_kernels(call: str) -> list[tuple[str, dict[str, Any]]]:
     # build runs would drop its kernels from the next one. The render asks what sglang would
     # compile, so that lookup finds no jit-cache (None in sys.modules: ImportError).
     sys.modules["flashinfer_jit_cache"] = None  # type: ignore[assignment]
-    major = int(os.environ["TVM_FFI_CUDA_ARCH_LIST"].split()[0].split(".")[0])
-    evaluate(call, major)
+    major, minor = os.environ["TVM_FFI_CUDA_ARCH_LIST"].split()[0].split(".")
+    evaluate(call, (int(major), int(minor)))
     if not written:
         raise SystemExit(f"{call}: sglang's loader wrote no module to compile")
     kernels = []

@@ -4,6 +4,7 @@ PYTHONPATH."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from ..console import step
 from ..errors import UserError
+from ..sglang_kernels import is_sglang_call
 from ..toolkit import Toolkit
 from .arch import Arch, check_modules_cover_archs
 
@@ -82,9 +84,19 @@ def render_modules(
     archs: list[Arch],
     toolkit: Toolkit,
     sglang: Path | None = None,
+    sglang_python: Path | None = None,
 ) -> list[Module]:
     """Ask the patched FlashInfer in `sources` (and, for sglang's own kernels, the patched
-    sglang in `sglang`) what each recipe's modules consist of."""
+    sglang in `sglang`) what each recipe's modules consist of. From sglang 0.5.11 on, its
+    kernels are rendered by sglang's own environment's Python, `sglang_python`."""
+    if sglang_python is not None:
+        assert sglang is not None
+        theirs = {name: call for name, call in recipes.items() if is_sglang_call(call)}
+        ours = {name: call for name, call in recipes.items() if name not in theirs}
+        modules = render_modules(sources, ours, archs, toolkit) if ours else []
+        modules += render_sglang_kernels(sglang_python, sglang, theirs, archs, toolkit, sources)
+        check_modules_cover_archs(modules, archs)
+        return sorted(modules, key=lambda module: module.name)
     env = render_environment(os.environ, sources, archs, toolkit, sglang)
     with step(f"rendering {len(recipes)} module recipe(s) with the patched FlashInfer"):
         result = subprocess.run(
@@ -115,3 +127,80 @@ def render_modules(
             )
     check_modules_cover_archs(modules, archs)
     return modules
+
+
+def render_sglang_kernels(
+    python: Path,
+    sglang: Path,
+    recipes: dict[str, str],
+    archs: list[Arch],
+    toolkit: Toolkit,
+    sources: Path,
+) -> list[Module]:
+    """sglang's own kernels (0.5.11 and later), rendered by sglang_specs.py in sglang's own
+    environment. Their flags name that environment's tvm-ffi, which must be the release the
+    build compiles against: they are rewritten to the build's, whose paths the binaries and
+    the cache keys map away."""
+    from tvm_ffi import libinfo
+
+    if len(archs) != 1:
+        raise UserError(
+            f"sglang's kernels are built for one target each, as its loader builds them; "
+            f"--arch asks for {' '.join(map(str, archs))}: build one --arch at a time"
+        )
+    workspace = sources.parent / "workspace"
+    env = {name: value for name, value in os.environ.items() if name in RENDER_ENVIRONMENT}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(sglang), str(Path(__file__).parents[2])]),
+        SGLANG_JIT_CACHE_DIR=str(workspace / "sglang-jit-cache"),
+        CUDA_HOME=str(toolkit.home),
+        PYTHONHASHSEED="0",
+    )
+    request = {"recipes": recipes, "arch": str(archs[0]), "workspace": str(workspace)}
+    with step(f"rendering {len(recipes)} sglang kernel recipe(s) with the patched sglang"):
+        result = subprocess.run(
+            [str(python), str(Path(__file__).with_name("sglang_specs.py"))],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=sglang.parent,
+        )
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines()
+        raise UserError(
+            f"sglang could not render its kernels for --arch {archs[0]}: "
+            f"{lines[-1] if lines else 'no output'}"
+        )
+    rendered = json.loads(result.stdout)
+    theirs = rendered["tvm_ffi"]
+    mine = importlib.metadata.version("apache-tvm-ffi")
+    if theirs["version"] != mine:
+        raise UserError(
+            f"sglang's environment has apache-tvm-ffi {theirs['version']}, the build "
+            f"{mine}: sglang's kernels would be compiled against other headers than the "
+            f"node loads them with. Pin apache-tvm-ffi=={theirs['version']} in pins.toml's "
+            "[build] requirements."
+        )
+    paths = {
+        theirs["include"]: libinfo.find_include_path(),
+        theirs["dlpack"]: libinfo.find_dlpack_include_path(),
+        theirs["lib_dir"]: str(Path(libinfo.find_libtvm_ffi()).parent),
+    }
+
+    def ours(values: list[str]) -> list[str]:
+        for theirs_path, our_path in sorted(paths.items(), key=lambda item: -len(item[0])):
+            values = [value.replace(theirs_path, our_path) for value in values]
+        return values
+
+    return [
+        Module(
+            **{
+                **module,
+                "cuda_flags": ours(module["cuda_flags"]),
+                "cxx_flags": ours(module["cxx_flags"]),
+                "link_flags": ours(module["link_flags"]),
+            }
+        )
+        for module in rendered["modules"]
+    ]

@@ -234,7 +234,7 @@ def _run(args: argparse.Namespace) -> int:
                 "here, and FlashInfer loads its modules only with it"
             )
         else:
-            results, load_problems = _load_modules(recipes, major)
+            results, load_problems = _load_modules(recipes, arch)
             problems += load_problems
     jit = sum(1 for r in results if not r["aot"] and r["module"] is not None)
     report = {
@@ -272,10 +272,12 @@ def _signed_provenance(trust_key: Path) -> list[str]:
     return problems
 
 
-def _load_modules(recipes: dict[str, str], major: int) -> tuple[list[dict[str, Any]], list[str]]:
+def _load_modules(
+    recipes: dict[str, str], arch: tuple[int, int]
+) -> tuple[list[dict[str, Any]], list[str]]:
     """Load every module the recipes name, and say how it went in one line."""
     started = time.perf_counter()
-    results, problems = check(recipes, major)
+    results, problems = check(recipes, arch)
     total = time.perf_counter() - started
     jit = sum(1 for r in results if not r["aot"] and r["module"] is not None)
     loaded = [r for r in results if r["loaded"]]

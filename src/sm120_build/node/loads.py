@@ -108,23 +108,34 @@ def provider_problems() -> list[str]:
     return problems
 
 
-def check_sglang_kernel(recipe: str, call: str, major: int) -> tuple[dict[str, Any], list[str]]:
+def check_sglang_kernel(
+    recipe: str, call: str, arch: tuple[int, int]
+) -> tuple[dict[str, Any], list[str]]:
     """Load one of sglang's own JIT kernels as the serving path does (its loader, through
-    the installed sglang's load_jit), with SGLANG_DISABLE_JIT=1, no nvcc on PATH and an
-    empty tvm-ffi cache: it loads from the jit-cache wheel, or the check names it."""
+    the installed sglang's load_jit) with every way to compile shut: no nvcc on PATH, an
+    empty compile cache (tvm-ffi's up to 0.5.10, sglang's own from 0.5.11) and each
+    release's switch (SGLANG_DISABLE_JIT of patch 0003 on 0.5.9, sglang's own
+    SGLANG_CRASH_ON_JIT_COMPILE): it loads from the jit-cache wheel, or the check names it."""
     result: dict[str, Any] = {"module": recipe, "recipe": recipe, "aot": False, "loaded": False}
-    with tempfile.TemporaryDirectory(prefix="tvm-ffi-cache-") as empty:
-        saved = {name: os.environ.get(name) for name in ("PATH", "TVM_FFI_CACHE_DIR")}
+    with tempfile.TemporaryDirectory(prefix="jit-cache-") as empty:
+        names = ("PATH", "TVM_FFI_CACHE_DIR", "SGLANG_JIT_CACHE_DIR", "CUDA_HOME", "CUDA_PATH")
+        saved = {name: os.environ.get(name) for name in names}
         os.environ.update(
             SGLANG_DISABLE_JIT="1",
+            SGLANG_CRASH_ON_JIT_COMPILE="1",
             TVM_FFI_CACHE_DIR=empty,
+            SGLANG_JIT_CACHE_DIR=empty,
+            # sglang's loader looks for nvcc under CUDA_HOME too (kernels/jit/utils/compile/
+            # toolchain.py cuda_home)
+            CUDA_HOME=os.path.join(empty, "no-cuda"),
+            CUDA_PATH=os.path.join(empty, "no-cuda"),
             PATH=os.pathsep.join(
                 d for d in os.environ.get("PATH", "").split(os.pathsep) if not _has_nvcc(d)
             ),
         )
         started = time.perf_counter()
         try:
-            module = sglang_kernels.evaluate(call, major)
+            module = sglang_kernels.evaluate(call, arch)
         except Exception as exc:  # report every kernel, then fail once
             return result, [f"{recipe}: sglang's kernel does not load prebuilt: {exc}"]
         finally:
@@ -152,7 +163,7 @@ def _no_module(recipe: str) -> dict[str, Any]:
     return {"module": None, "recipe": recipe, "aot": False, "loaded": False}
 
 
-def check(recipes: dict[str, str], major: int) -> tuple[list[dict[str, Any]], list[str]]:
+def check(recipes: dict[str, str], arch: tuple[int, int]) -> tuple[list[dict[str, Any]], list[str]]:
     """Load every module the recipes name; return (per-module results, problems)."""
     results: list[dict[str, Any]] = []
     try:
@@ -163,7 +174,7 @@ def check(recipes: dict[str, str], major: int) -> tuple[list[dict[str, Any]], li
         ]
     for recipe, call in recipes.items():
         if sglang_kernels.is_sglang_call(call):
-            kernel, found = check_sglang_kernel(recipe, call, major)
+            kernel, found = check_sglang_kernel(recipe, call, arch)
             results.append(kernel)
             problems += found
             continue

@@ -18,7 +18,7 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 def check(modules: list[str]) -> list[Row]:
     import torch
 
-    sglang_kernels.evaluate("sglang.jit_kernel.utils:None", torch.cuda.get_device_capability()[0])
+    sglang_kernels.evaluate("sglang.jit_kernel.utils:None", torch.cuda.get_device_capability())
     rows: list[Row] = []
     for module in modules:
         if match := _KVCACHE.fullmatch(module):
