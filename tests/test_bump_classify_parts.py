@@ -434,9 +434,16 @@ def test_a_fuzzed_hunk_is_applied_with_one_line_of_context(tmp_path: Path) -> No
 
 
 def test_a_partly_upstream_patch_still_applies_the_hunks_that_apply(tmp_path: Path) -> None:
+    """Clean or moved: the hunks that apply are applied, for the refresh to start from."""
     diff = file_header("a.txt") + gate_hunk(1, "f0") + gate_hunk(5, "f1")
     tree = tree_with(tmp_path, gates(True, False))
     verdict = classify_patch(tree, patch_of(tmp_path, diff))
     assert (verdict.verdict, verdict.action) == ("partly upstream", "refresh")
     assert [h.verdict for h in verdict.hunks] == ["upstream", "clean"]
     assert text_of(tree) == gates(True, True)
+    lines = gates(True, False)
+    (tmp_path / "moved").mkdir()
+    moved = tree_with(tmp_path / "moved", [*lines[:4], "// new", *lines[4:]])
+    verdict = classify_patch(moved, patch_of(tmp_path, diff))
+    assert [(h.verdict, h.offset) for h in verdict.hunks] == [("upstream", 0), ("offset", 1)]
+    assert text_of(moved)[6] == LIFTED

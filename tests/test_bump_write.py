@@ -360,9 +360,8 @@ def test_each_companion_is_matched_to_the_sglang_requirement_of_its_own_name(
 ) -> None:
     """The first companion no longer required does not end the look at the others."""
     pins_file = tmp_path / "pins.toml"
-    pins_file.write_text(
-        PINS + f'\n[companions.aaa-first]\nversion = "1.0"\nsha256 = ["{CUBIN}"]\n'
-    )
+    first = f'[companions.aaa-first]\nversion = "1.0"\nsha256 = ["{CUBIN}"]\n\n'
+    pins_file.write_text(PINS.replace("# Installed beside our wheels.\n", first))
     pins = load_pins(pins_file)
     requires = {"flashinfer-cubin": Requirement("flashinfer_cubin==0.6.4")}
     assert companion_pins(pins, requires, "1.1") == {
@@ -398,3 +397,12 @@ def test_staging_left_by_a_run_stopped_before_its_journal_is_made_again(project:
         "replace": ["patches/sglang/series", "pins.toml"],
         "delete": ["patches/sglang/0007-upstream.patch"],
     }
+
+
+def test_a_finish_interrupted_after_some_deletes_completes_the_rest(project: Layout) -> None:
+    files = new_files([candidate(project, "1.1")], project.pins_file, project.patches, {})
+    stage(project, files)
+    (project.patches / "sglang" / "0007-upstream.patch").unlink()  # done before the stop
+    finish_interrupted(project)
+    assert load_pins(project.pins_file).upstream("sglang").version == "1.1"
+    assert not (project.stack / JOURNAL).exists() and not (project.stack / STAGING).exists()

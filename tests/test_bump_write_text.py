@@ -82,7 +82,8 @@ def test_a_key_is_replaced_in_place_once_or_added_after_the_last_key() -> None:
 
 
 def test_pins_move_an_sdist_upstream_and_its_companions_text_for_text() -> None:
-    companions = {"flashinfer-cubin": ("0.6.4", ("3333", "4444")), "absent": ("1", ("5",))}
+    # A companion pins.toml has no table for first: the ones after it are still moved.
+    companions = {"absent": ("1", ("5",)), "flashinfer-cubin": ("0.6.4", ("3333", "4444"))}
     assert _pins_text(SDIST_PINS, [Candidate(upstream())], companions) == (
         """\
 # The pinned upstream inputs.
@@ -127,6 +128,11 @@ def test_a_dropped_companion_goes_with_the_comment_lines_above_it_and_no_others(
     # The first table of a file that opens with its comment: the comment goes too.
     first = '# Its comment.\n[companions.x]\nversion = "1"\n[toolkit]\nrequirement = "t"\n'
     assert _pins_text(first, [], {"x": None}) == '[toolkit]\nrequirement = "t"\n'
+    # The file's very first line is the table's; a comment elsewhere that names it is kept.
+    named = '[companions.x]\nversion = "1"\n# unlike [companions.x] above\n[toolkit]\n'
+    assert _pins_text(named, [], {"x": None}) == "# unlike [companions.x] above\n[toolkit]\n"
+    earlier = '# [companions.x] is below.\n\n[toolkit]\n\n[companions.x]\nversion = "1"\n'
+    assert _pins_text(earlier, [], {"x": None}) == "# [companions.x] is below.\n\n[toolkit]\n\n"
 
 
 def test_a_wheel_only_candidate_replaces_the_sdist_pin_by_its_wheels_and_back() -> None:
@@ -201,9 +207,18 @@ def test_a_review_line_goes_above_a_patch_on_the_series_first_line(tmp_path: Pat
     text = _series_text(series, candidate, upstream())[0]
     assert text.splitlines()[1:] == ["0003-other-form.patch"]
     assert text.startswith("# REVIEW 0003-other-form.patch: ")
+    # A REVIEW line the series ends with is not the one above the first line.
+    series.write_text("0003-other-form.patch\n# REVIEW 0003-other-form.patch: stale\n")
+    text = _series_text(series, candidate, upstream())[0]
+    assert text.splitlines()[1:] == [
+        "0003-other-form.patch",
+        "# REVIEW 0003-other-form.patch: stale",
+    ]
 
 
-@pytest.mark.parametrize("line", ["0002-gone.patch # why", "0002-gone.patch\t-p1"])
+@pytest.mark.parametrize(
+    "line", ["0002-gone.patch # why", "0002-gone.patch\t-p1", "0002-gone.patch#why#more"]
+)
 def test_a_series_line_is_its_first_word_before_any_comment(tmp_path: Path, line: str) -> None:
     series = tmp_path / "series"
     series.write_text(f"{line}\n")

@@ -405,3 +405,88 @@ def test_a_flashinfer_that_refuses_to_import_fails_the_check_once(
     assert "  0 of 2 modules of 2 recipes loaded prebuilt, 2 did not (0 would JIT-compile); " in (
         output
     )
+
+
+# sglang 0.5.11 and later: the kernels' loader under sglang/kernels/jit/, which imports the
+# server's utilities, so sglang is imported as installed; it names a module for the GPU it
+# detects (kernels/jit/utils/arch.py), here by the capability torch reports.
+SGLANG_ARCH = """
+import torch
+
+_CUDA_ARCH = None
+
+def _init_jit_cuda_arch_once():
+    global _CUDA_ARCH
+    _CUDA_ARCH = make_jit_cuda_arch(*torch.cuda.get_device_capability(0))
+
+def make_jit_cuda_arch(major, minor):
+    return f"{major}.{minor}{'f' if (major, minor) == (12, 0) else 'a'}"
+
+def get_jit_cuda_arch():
+    _init_jit_cuda_arch_once()
+    return _CUDA_ARCH
+"""
+SGLANG_KERNEL = """
+import os
+import torch
+
+from sglang.kernels.jit.utils import arch
+
+seen = []
+
+def load(name):
+    seen.append({
+        "target": arch.get_jit_cuda_arch(),
+        "gpu": torch.cuda.get_device_capability(0),
+        **{key: os.environ.get(key) for key in (
+            "SGLANG_CRASH_ON_JIT_COMPILE", "SGLANG_JIT_CACHE_DIR", "CUDA_HOME", "CUDA_PATH"
+        )},
+    })
+    if name == "missing":
+        raise RuntimeError("JIT module 'sgl_kernel_jit_missing' has no usable cached build")
+    return object()
+"""
+
+
+def test_sglang_0511_kernels_load_with_sglang_as_installed_and_its_crash_switch_on(
+    site: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_tree(
+        site,
+        {
+            "sglang/__init__.py": "",
+            "sglang/kernels/__init__.py": "",
+            "sglang/kernels/jit/__init__.py": "",
+            "sglang/kernels/jit/utils/__init__.py": "",
+            "sglang/kernels/jit/utils/arch.py": SGLANG_ARCH,
+            "sglang/kernels/ops.py": SGLANG_KERNEL,
+        },
+    )
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    recipes = {
+        "sglang_ok": "sglang.kernels.ops:load('ok')",
+        "sglang_missing": "sglang.kernels.ops:load('missing')",
+    }
+    node(site, recipes, archs=("12.0f",))
+    import torch
+
+    probe = torch.cuda.get_device_capability
+    status, _, report = run(tmp_path, capsys, "--arch", "12.0")
+    assert torch.cuda.get_device_capability is probe  # the stand-in lasted the loads only
+    assert status == 1
+    assert report["problems"] == [
+        "sglang_missing: sglang's kernel does not load prebuilt: JIT module "
+        "'sgl_kernel_jit_missing' has no usable cached build"
+    ]
+    assert [m["recipe"] for m in report["modules"] if m["loaded"]] == ["sglang_ok"]
+    seen = sys.modules["sglang.kernels.ops"].seen
+    assert len(seen) == 2
+    for load in seen:
+        # No GPU here: sglang is told of one of --arch, and its loader targets what it would
+        # pick for it.
+        assert (load["target"], tuple(load["gpu"])) == ("12.0f", (12, 0))
+        assert load["SGLANG_CRASH_ON_JIT_COMPILE"] == "1"
+        cache = Path(load["SGLANG_JIT_CACHE_DIR"])
+        assert load["CUDA_HOME"] == load["CUDA_PATH"] == str(cache / "no-cuda")
+    assert os.environ["CUDA_HOME"] == str(tmp_path / "cuda")  # given back
+    assert "SGLANG_JIT_CACHE_DIR" not in os.environ

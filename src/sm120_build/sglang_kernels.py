@@ -22,6 +22,8 @@ import importlib
 import importlib.util
 import sys
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,15 +70,27 @@ def _bare_packages(root: Path, major: int) -> None:
     utils.is_arch_support_pdl = lambda: major >= 9  # type: ignore[attr-defined]
 
 
-def _installed(arch: tuple[int, int]) -> None:
+@contextmanager
+def _installed(arch: tuple[int, int]) -> Iterator[None]:
     """sglang 0.5.11 and later (sglang/kernels/): its kernels' loader imports the server's
     utilities, so sglang is imported as it is. The loader names and builds a module for the
     GPU it detects (kernels/jit/utils/arch.py), and sglang's platform probe asks torch for
     one when it is imported: with no GPU here (a check run with --arch, a build machine),
-    both are told of one of `arch`, and the loader's target is what it would detect."""
+    both are told of one of `arch` meanwhile, and the loader's target is what it would
+    detect."""
     import torch
 
-    if not torch.cuda.is_available():
+    cuda = torch.cuda
+    names = (
+        "is_available",
+        "current_device",
+        "device_count",
+        "get_device_capability",
+        "get_device_name",
+        "get_device_properties",
+    )
+    saved = {name: getattr(cuda, name) for name in names}
+    if not cuda.is_available():
         major, minor = arch
 
         class Properties:  # what sglang's platform probe reads (srt/platforms/__init__.py)
@@ -85,15 +99,21 @@ def _installed(arch: tuple[int, int]) -> None:
             multi_processor_count = 188
 
         Properties.major, Properties.minor = major, minor  # type: ignore[attr-defined]
-        torch.cuda.is_available = lambda: True
-        torch.cuda.current_device = lambda: 0
-        torch.cuda.device_count = lambda: 1
-        torch.cuda.get_device_capability = lambda device=None: arch
-        torch.cuda.get_device_name = lambda device=None: Properties.name
-        torch.cuda.get_device_properties = lambda device=None: Properties()
-    jit_arch = importlib.import_module("sglang.kernels.jit.utils.arch")
-    vars(jit_arch)["_CUDA_ARCH"] = jit_arch.make_jit_cuda_arch(*arch)
-    vars(jit_arch)["_init_jit_cuda_arch_once"] = lambda: None
+        vars(cuda).update(
+            is_available=lambda: True,
+            current_device=lambda: 0,
+            device_count=lambda: 1,
+            get_device_capability=lambda device=None: arch,
+            get_device_name=lambda device=None: Properties.name,
+            get_device_properties=lambda device=None: Properties(),
+        )
+    try:
+        jit_arch = importlib.import_module("sglang.kernels.jit.utils.arch")
+        vars(jit_arch)["_CUDA_ARCH"] = jit_arch.make_jit_cuda_arch(*arch)
+        vars(jit_arch)["_init_jit_cuda_arch_once"] = lambda: None
+        yield
+    finally:
+        vars(cuda).update(saved)
 
 
 def _plain_function(fn: Any = None, **_: Any) -> Any:
@@ -106,10 +126,14 @@ def evaluate(call: str, arch: tuple[int, int]) -> Any:
     """Evaluate a recipe's "<module>:<expression>" in that sglang kernel module, for a GPU
     of compute capability `arch`."""
     root = _root()
-    if (root / "kernels" / "jit").is_dir():
-        _installed(arch)
-    else:
+    if not (root / "kernels" / "jit").is_dir():
         _bare_packages(root, arch[0])
+        return _evaluated(call)
+    with _installed(arch):
+        return _evaluated(call)
+
+
+def _evaluated(call: str) -> Any:
     module_name, _, expression = call.partition(":")
     namespace = vars(importlib.import_module(module_name))
     return eval(expression, dict(namespace))  # recipes come from our own profiles.toml

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -149,9 +150,15 @@ def render_sglang_kernels(
             f"--arch asks for {' '.join(map(str, archs))}: build one --arch at a time"
         )
     workspace = sources.parent / "workspace"
+    # This package alone, not the directory it is installed in: that holds this Python's
+    # other packages, which are not for sglang's Python.
+    package = workspace / "sm120-build-package"
+    package.mkdir(parents=True, exist_ok=True)
+    if not (package / "sm120_build").exists():
+        (package / "sm120_build").symlink_to(Path(__file__).parents[1], target_is_directory=True)
     env = {name: value for name, value in os.environ.items() if name in RENDER_ENVIRONMENT}
     env.update(
-        PYTHONPATH=os.pathsep.join([str(sglang), str(Path(__file__).parents[2])]),
+        PYTHONPATH=os.pathsep.join([str(sglang), str(package)]),
         SGLANG_JIT_CACHE_DIR=str(workspace / "sglang-jit-cache"),
         CUDA_HOME=str(toolkit.home),
         PYTHONHASHSEED="0",
@@ -182,16 +189,20 @@ def render_sglang_kernels(
             f"node loads them with. Pin apache-tvm-ffi=={theirs['version']} in pins.toml's "
             "[build] requirements."
         )
+    purelib = rendered["purelib"]
     paths = {
         theirs["include"]: libinfo.find_include_path(),
         theirs["dlpack"]: libinfo.find_dlpack_include_path(),
         theirs["lib_dir"]: str(Path(libinfo.find_libtvm_ffi()).parent),
+        # CUTLASS from FlashInfer's package: the patched FlashInfer exported for this build,
+        # the release the node installs.
+        f"{purelib}/flashinfer/": f"{sources}/flashinfer/",
     }
 
     def ours(values: list[str]) -> list[str]:
         for theirs_path, our_path in sorted(paths.items(), key=lambda item: -len(item[0])):
             values = [value.replace(theirs_path, our_path) for value in values]
-        return values
+        return [_copied(value, purelib, workspace / "sglang-env") for value in values]
 
     return [
         Module(
@@ -204,3 +215,21 @@ def render_sglang_kernels(
         )
         for module in rendered["modules"]
     ]
+
+
+def _copied(flag: str, purelib: str, into: Path) -> str:
+    """An include flag that names another package of sglang's environment (DeepGEMM's
+    headers, pinned by sglang's own requirements): the directory is copied beside the
+    sources, where the build's paths are fixed and mapped away, and the flag names the copy.
+    Anything else of that environment would make the build depend on where it lies."""
+    if purelib not in flag:
+        return flag
+    if not flag.startswith(f"-I{purelib}/"):
+        raise UserError(
+            f"sglang's kernel flag {flag!r} names sglang's environment in a way the build "
+            "cannot carry (only include directories are copied)"
+        )
+    relative = flag[len(f"-I{purelib}/") :]
+    if not (into / relative).is_dir():
+        shutil.copytree(Path(purelib) / relative, into / relative)
+    return f"-I{into / relative}"

@@ -8,8 +8,10 @@ stdin. Each recipe's loader runs as it would on a node: load_jit resolves the ke
 sources and flags and generates the build.ninja it would compile
 (kernels/jit/utils/compile/ninja.py generate); what is left out is the compile, sglang's
 cache and the load. The wrappers sglang generates are written to DIR/sglang/<module>/, a
-fixed path. It prints the modules, as jit_specs.py does, and the tvm-ffi this environment
-compiles against (the build compiles against its own, which must be the same release).
+fixed path. It prints the modules, as jit_specs.py does, the tvm-ffi this environment
+compiles against (the build compiles against its own, which must be the same release) and
+where its packages are (a kernel's headers may come from them: CUTLASS's, from FlashInfer's
+and DeepGEMM's packages, kernels/jit/utils/deps.py).
 
 Of sm120_build it imports only sglang_kernels.py, which needs nothing but the standard
 library: it runs in another Python.
@@ -22,6 +24,7 @@ import json
 import re
 import shlex
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +135,7 @@ def main() -> None:
                 "dlpack": libinfo.find_dlpack_include_path(),
                 "lib_dir": str(Path(libinfo.find_libtvm_ffi()).parent),
             },
+            "purelib": sysconfig.get_paths()["purelib"],
         },
         sys.stdout,
     )
