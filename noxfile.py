@@ -32,6 +32,11 @@ ROOT = Path(__file__).parent
 SRC = ROOT / "src"
 # Every Python that pyproject.toml's requires-python admits; the fast tests run on each.
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+# Two pytest workers (pytest-xdist): the slow tests wait on the index, pip and git as much as
+# on the compiler, and overlap on two cores (docs/ci.md). Each test module runs on one
+# worker, so that its module fixtures (builds, node venvs) are made once. `-- -n 0` runs the
+# tests in this process (for --pdb).
+TEST_WORKERS = ["-n", "2", "--dist", "loadfile"]
 # One relocatable cache for everything large: sdists, the CUDA toolkit, built wheels, and
 # pip's own downloads (torch, flashinfer-cubin) made by any session.
 CACHE = Path(os.environ.get("SM120_CACHE_DIR", ROOT / ".cache")).resolve()
@@ -458,16 +463,17 @@ def bench_gpu(session: nox.Session) -> None:
 
 @_session()
 def tests(session: nox.Session) -> None:
-    """Run the test suite, then the fast tests on every other Python the package claims.
+    """Run the test suite on two workers, then the fast tests on every other Python the
+    package claims.
 
-    -- [pytest options], e.g. -- -m 'not slow'
+    -- [pytest options], e.g. -- -m 'not slow', or -n 0 for one process (--pdb)
     """
     if HELP_ONLY:
         session.log(tests.__doc__ or "")
         return
     pins = _tool_pins([])
     _install(session, *_compile_requirements(pins), *pins["test"], *pins["publish"])
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *TEST_WORKERS, *session.posargs)
     this = f"{sys.version_info.major}.{sys.version_info.minor}"
     for version in PYTHONS:
         if version != this:
@@ -489,7 +495,7 @@ def tests_fast(session: nox.Session) -> None:
         return
     pins = _tool_pins([])
     _install(session, *pins["build"], *pins["test"], *pins["publish"])
-    session.run("pytest", *(session.posargs or ["-m", "not slow"]))
+    session.run("pytest", *TEST_WORKERS, *(session.posargs or ["-m", "not slow"]))
 
 
 @_session()

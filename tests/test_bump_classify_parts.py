@@ -360,28 +360,24 @@ def gates(*lifted: bool) -> list[str]:
     return lines
 
 
+def both_gates(verdict: str, action: str) -> PatchVerdict:
+    """The verdict on the two-gate patch whose hunks both got `verdict`."""
+    hunks = [HunkVerdict("a.txt", f"@@ -{n},3 +{n},3 @@", verdict) for n in (1, 5)]
+    return PatchVerdict("0001-lift.patch", verdict, action, hunks)
+
+
 def test_a_whole_patch_that_applies_is_applied_hunk_by_hunk_clean_or_offset(
     tmp_path: Path,
 ) -> None:
     diff = file_header("a.txt") + gate_hunk(1, "f0") + gate_hunk(5, "f1")
     tree = tree_with(tmp_path, gates(False, False))
     verdict = classify_patch(tree, patch_of(tmp_path, diff))
-    assert verdict == PatchVerdict(
-        "0001-lift.patch",
-        "clean",
-        "keep",
-        [
-            HunkVerdict("a.txt", "@@ -1,3 +1,3 @@", "clean"),
-            HunkVerdict("a.txt", "@@ -5,3 +5,3 @@", "clean"),
-        ],
-    )
+    assert verdict == both_gates("clean", "keep")
     assert text_of(tree) == gates(True, True)
     # Two lines more above the second function: that hunk moved, the first did not.
-    tree = tmp_path / "moved"
-    tree.mkdir()
-    git(tree, "init", "--quiet")
+    (tmp_path / "moved").mkdir()
     lines = gates(False, False)
-    (tree / "a.txt").write_text("\n".join([*lines[:4], "// new", "// new", *lines[4:]]) + "\n")
+    tree = tree_with(tmp_path / "moved", [*lines[:4], "// new", "// new", *lines[4:]])
     verdict = classify_patch(tree, patch_of(tmp_path, diff))
     assert (verdict.verdict, verdict.action) == ("offset", "keep")
     assert [(h.verdict, h.offset) for h in verdict.hunks] == [("clean", 0), ("offset", 2)]
@@ -392,15 +388,7 @@ def test_only_a_whole_patch_that_reverse_applies_is_upstream(tmp_path: Path) -> 
     diff = file_header("a.txt") + gate_hunk(1, "f0") + gate_hunk(5, "f1")
     tree = tree_with(tmp_path, gates(True, True))
     verdict = classify_patch(tree, patch_of(tmp_path, diff))
-    assert verdict == PatchVerdict(
-        "0001-lift.patch",
-        "upstream",
-        "drop",
-        [
-            HunkVerdict("a.txt", "@@ -1,3 +1,3 @@", "upstream"),
-            HunkVerdict("a.txt", "@@ -5,3 +5,3 @@", "upstream"),
-        ],
-    )
+    assert verdict == both_gates("upstream", "drop")
     assert text_of(tree) == gates(True, True)  # nothing applied
 
 

@@ -98,19 +98,15 @@ def render_modules(
         modules += render_sglang_kernels(sglang_python, sglang, theirs, archs, toolkit, sources)
         check_modules_cover_archs(modules, archs)
         return sorted(modules, key=lambda module: module.name)
-    env = render_environment(os.environ, sources, archs, toolkit, sglang)
-    with step(f"rendering {len(recipes)} module recipe(s) with the patched FlashInfer"):
-        result = subprocess.run(
-            [sys.executable, "-m", "sm120_build.jit_cache.jit_specs"],
-            input=json.dumps({"recipes": recipes}),
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=sources.parent,
-        )
+    result = _run_child(
+        [sys.executable, "-m", "sm120_build.jit_cache.jit_specs"],
+        {"recipes": recipes},
+        render_environment(os.environ, sources, archs, toolkit, sglang),
+        sources.parent,
+        f"rendering {len(recipes)} module recipe(s) with the patched FlashInfer",
+    )
     if result.returncode != 0:
-        lines = result.stderr.strip().splitlines()
-        last = lines[-1] if lines else "no output"
+        last = _last_words(result)
         hint = (
             "; run through `nox -s build_wheels`, which installs pins.toml's [render] requirements"
             if last.startswith("ModuleNotFoundError")
@@ -163,21 +159,16 @@ def render_sglang_kernels(
         CUDA_HOME=str(toolkit.home),
         PYTHONHASHSEED="0",
     )
-    request = {"recipes": recipes, "arch": str(archs[0]), "workspace": str(workspace)}
-    with step(f"rendering {len(recipes)} sglang kernel recipe(s) with the patched sglang"):
-        result = subprocess.run(
-            [str(python), str(Path(__file__).with_name("sglang_specs.py"))],
-            input=json.dumps(request),
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=sglang.parent,
-        )
+    result = _run_child(
+        [str(python), str(Path(__file__).with_name("sglang_specs.py"))],
+        {"recipes": recipes, "arch": str(archs[0]), "workspace": str(workspace)},
+        env,
+        sglang.parent,
+        f"rendering {len(recipes)} sglang kernel recipe(s) with the patched sglang",
+    )
     if result.returncode != 0:
-        lines = result.stderr.strip().splitlines()
         raise UserError(
-            f"sglang could not render its kernels for --arch {archs[0]}: "
-            f"{lines[-1] if lines else 'no output'}"
+            f"sglang could not render its kernels for --arch {archs[0]}: {_last_words(result)}"
         )
     rendered = json.loads(result.stdout)
     theirs = rendered["tvm_ffi"]
@@ -233,3 +224,18 @@ def _copied(flag: str, purelib: str, into: Path) -> str:
     if not (into / relative).is_dir():
         shutil.copytree(Path(purelib) / relative, into / relative)
     return f"-I{into / relative}"
+
+
+def _run_child(
+    command: list[str], request: object, env: dict[str, str], cwd: Path, doing: str
+) -> subprocess.CompletedProcess[str]:
+    """A render child, given its request as JSON on stdin."""
+    with step(doing):
+        return subprocess.run(
+            command, input=json.dumps(request), capture_output=True, text=True, env=env, cwd=cwd
+        )
+
+
+def _last_words(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.strip().splitlines()
+    return lines[-1] if lines else "no output"
