@@ -463,9 +463,9 @@ def bench_gpu(session: nox.Session) -> None:
 
 @_session()
 def tests(session: nox.Session) -> None:
-    """Run the test suite on two workers, then the fast tests on every other Python the
-    package claims.
+    """Run the whole test suite on two workers, then the fast tests on the other Pythons.
 
+    The other Pythons are the rest of those the package claims.
     -- [pytest options], e.g. -- -m 'not slow', or -n 0 for one process (--pdb)
     """
     if HELP_ONLY:
