@@ -229,6 +229,8 @@ def compile_part(
     sglang_tree = layout.vendor / "sglang"
     wants_sglang = any(is_sglang_call(call) for call in request.recipes.values())
     sglang_inputs = vendor.current_inputs(sglang_tree) if wants_sglang else ""
+    # Made (once) before the shared source path is taken: it takes minutes.
+    sglang_python = _sglang_python(layout, pins) if wants_sglang else None
     with scratch_directory(layout.cache, "kernel-build") as scratch:
         (scratch / "out").mkdir()
         (scratch / "whole").mkdir()
@@ -242,12 +244,7 @@ def compile_part(
             else nullcontext(None) as sglang_exported,
         ):
             modules = render.render_modules(
-                exported,
-                request.recipes,
-                archs,
-                cuda,
-                sglang_exported,
-                _sglang_python(layout, pins) if wants_sglang else None,
+                exported, request.recipes, archs, cuda, sglang_exported, sglang_python
             )
             split = shards.plan(modules, costs, shard.count)
             share = [module for module in modules if module.name in split[shard.index - 1]]
@@ -371,6 +368,7 @@ def plan(
     sglang_tree = layout.vendor / "sglang"
     wants_sglang = any(is_sglang_call(call) for call in request.recipes.values())
     sglang_key = digest("plan", vendor.current_inputs(sglang_tree)) if wants_sglang else ""
+    sglang_python = _sglang_python(layout, pins) if wants_sglang else None
     with (
         sources.at_fixed_path(tree, source_key) as exported,
         sources.at_fixed_path(sglang_tree, sglang_key)
@@ -383,7 +381,7 @@ def plan(
             sorted(set(request.archs)),
             cuda,
             sglang_exported,
-            _sglang_python(layout, pins) if wants_sglang else None,
+            sglang_python,
         )
     split = shards.plan(modules, costs, count)
     print(shards.plan_table(modules, costs, split))
