@@ -180,8 +180,13 @@ def test_profiles_select_default_profile_modules_and_both() -> None:
         profiles.select(None, ["nrom"])
 
 
-def test_every_recipe_cites_where_it_is_defined_and_loaded() -> None:
-    profiles = load(REPO / "profiles.toml")
+@pytest.mark.parametrize(
+    "profiles_file",
+    [REPO / "profiles.toml", *sorted(REPO.glob("stacks/*/profiles.toml"))],
+    ids=lambda path: path.parent.name,
+)
+def test_every_recipe_cites_where_it_is_defined_and_loaded(profiles_file: Path) -> None:
+    profiles = load(profiles_file)
     for recipe in profiles.recipes.values():
         assert re.fullmatch(r"(flashinfer|sglang)/\S+\.py:\d+", recipe.defined_at), recipe.name
         assert recipe.loaded_by and all(re.match(r"\S+\.py:\d+ ", x) for x in recipe.loaded_by)
