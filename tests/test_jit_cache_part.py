@@ -91,7 +91,8 @@ def keys_of(layout: Layout, pins: pins_module.Pins) -> KeysOf:
         costs: Costs = NO_COSTS,
         build_pins: pins_module.Pins = pins,
     ) -> PartKeys:
-        return part_keys(layout, build_pins, request, cuda, source, shard, costs)
+        jit_version = version(layout, build_pins, request, cuda)
+        return part_keys(layout, build_pins, request, cuda, source, shard, costs, jit_version)
 
     return keys
 

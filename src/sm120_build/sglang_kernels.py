@@ -1,4 +1,4 @@
-"""sglang's own JIT kernels (sglang/jit_kernel/): reached without importing the server.
+"""sglang's own JIT kernels: reached without importing the server where the release allows.
 
 sglang 0.5.9 compiles RoPE, the KV-cache store and QK-norm with nvcc at first use
 (jit_kernel/utils.py load_jit -> tvm_ffi.cpp.load_inline). A recipe names one instantiation
@@ -9,11 +9,16 @@ node check loads it (node/check.py), both through `evaluate`.
 
 `import sglang` runs the whole frontend (sglang/__init__.py) and `sglang.srt.utils` all of
 the server's utilities, with their dependencies (zmq, triton, starlette, ...); loading a
-kernel needs neither. So the packages above jit_kernel/ are entered as bare namespaces
-pointing at the same directories, and only the kernel modules themselves execute. Their
-one import from the server, register_custom_op (which registers the Python wrappers as
-torch custom ops for torch.compile, through the server's utilities), is taken as the plain
-function: the kernel modules and their loaders are what is built and checked.
+0.5.9 kernel needs neither. So the packages above jit_kernel/ are entered as bare
+namespaces pointing at the same directories, and only the kernel modules themselves
+execute. Their one import from the server, register_custom_op (which registers the Python
+wrappers as torch custom ops for torch.compile, through the server's utilities), is taken
+as the plain function: the kernel modules and their loaders are what is built and checked.
+
+From 0.5.11 the kernels live in sglang/kernels/ ("sglang.kernels.ops.kvcache.kvcache:
+_jit_kvcache_module(2048, 2048, 0)"), and their loader imports the server's utilities: sglang
+is imported as installed (`has_kernels_package`), in sglang's own environment at build time
+(jit_cache/sglang_specs.py).
 """
 
 from __future__ import annotations
@@ -46,6 +51,12 @@ def _root() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError("sglang is not importable")
     return Path(next(iter(spec.submodule_search_locations)))
+
+
+def has_kernels_package(root: Path) -> bool:
+    """Whether the sglang in `root` keeps its kernels in sglang/kernels/ (0.5.11 and later),
+    whose loader imports the server's utilities, rather than in sglang/jit_kernel/."""
+    return (root / "kernels" / "jit").is_dir()
 
 
 def _bare_packages(root: Path, major: int) -> None:
@@ -126,7 +137,7 @@ def evaluate(call: str, arch: tuple[int, int]) -> Any:
     """Evaluate a recipe's "<module>:<expression>" in that sglang kernel module, for a GPU
     of compute capability `arch`."""
     root = _root()
-    if not (root / "kernels" / "jit").is_dir():
+    if not has_kernels_package(root):
         _bare_packages(root, arch[0])
         return _evaluated(call)
     with _installed(arch):

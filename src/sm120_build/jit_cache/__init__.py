@@ -36,7 +36,7 @@ from ..cache import (
 from ..console import detail, say
 from ..layout import Layout
 from ..pins import Pins
-from ..sglang_kernels import MODULE_PREFIX, is_sglang_call
+from ..sglang_kernels import MODULE_PREFIX, has_kernels_package, is_sglang_call
 from . import cmake, module_cache, overlay, render, shards, sources
 from .arch import DEFAULT_ARCHS, Arch, check_archs
 from .sccache import launcher_for
@@ -129,10 +129,12 @@ def part_keys(
     toolkit_source: str,
     shard: ShardSpec,
     costs: shards.Costs,
+    jit_version: str,
 ) -> PartKeys:
+    """`jit_version`: version() of the same request, which the caller has made already."""
     inputs = digest(
         "jit-cache",
-        version(layout, pins, request, cuda),
+        jit_version,
         vendor.current_inputs(layout.vendor / "flashinfer"),
         toolkit_source,
         cuda.full_version,
@@ -195,7 +197,7 @@ def _sglang_python(layout: Layout, pins: Pins) -> Path | None:
     """The Python of sglang's own environment, where its kernels are rendered from 0.5.11
     on (their loader, sglang/kernels/jit/, imports the server's utilities); None for the
     releases whose kernels jit_specs.py renders in this environment (sglang/jit_kernel/)."""
-    if not (layout.vendor / "sglang" / "sglang" / "kernels" / "jit").is_dir():
+    if not has_kernels_package(layout.vendor / "sglang" / "sglang"):
         return None
     return sglang_env.environment(layout, pins)
 
@@ -214,7 +216,7 @@ def compile_part(
     archs = sorted(set(request.archs))
     jit_version = version(layout, pins, request, cuda)
     costs = shards.load_costs(layout.costs_file) if shard.count > 1 else shards.Costs({}, {})
-    keys = part_keys(layout, pins, request, cuda, toolkit_source, shard, costs)
+    keys = part_keys(layout, pins, request, cuda, toolkit_source, shard, costs, jit_version)
     entry = layout.cache / "artifacts" / "jit-cache" / keys.entry
     detail(f"jit-cache build key {keys.build}, entry {entry.name}; shared inputs {keys.inputs}")
     what = f"flashinfer-jit-cache {jit_version}" + (
