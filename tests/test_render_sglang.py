@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -90,3 +92,72 @@ def test_a_recipe_whose_loader_compiles_nothing_is_refused(tmp_path: Path) -> No
     assert result.stderr.strip().splitlines()[-1] == (
         "sglang.jit_kernel.probe:cached(): sglang's loader wrote no module to compile"
     )
+
+
+@pytest.fixture
+def in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The render's child code run in this process (where mutation testing reaches it): the
+    generated sglang importable, tvm-ffi's build and load restored afterwards, and every
+    sglang module imported meanwhile forgotten."""
+    extension = pytest.importorskip("tvm_ffi.cpp.extension")
+    sglang = tmp_path / "sglang-tree"
+    for path, text in {
+        sglang / "sglang/jit_kernel/utils.py": UTILS,
+        sglang / "sglang/jit_kernel/probe.py": PROBE
+        + "\nimport sglang.jit_kernel.utils as utils\n\ndef pair(size):\n"
+        + "    pdl = utils.is_arch_support_pdl()\n"
+        + "    return [load_jit('probe', size, pdl), load_jit('other', size, pdl)]\n",
+    }.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    monkeypatch.syspath_prepend(str(sglang))
+    for name in ("build_ninja", "load_module"):
+        monkeypatch.setattr(extension, name, getattr(extension, name))
+    monkeypatch.setitem(
+        sys.modules, "flashinfer_jit_cache", sys.modules.get("flashinfer_jit_cache")
+    )
+    monkeypatch.setenv("TVM_FFI_CUDA_ARCH_LIST", "8.0 12.0")
+    monkeypatch.setenv("TVM_FFI_CACHE_DIR", str(tmp_path / "tvm-ffi"))
+    monkeypatch.setenv("TVM_FFI_GPU_BACKEND", "cuda")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
+    before = set(sys.modules)
+    yield tmp_path
+    for name in set(sys.modules) - before:
+        if name == "sglang" or name.startswith("sglang."):
+            del sys.modules[name]
+
+
+def test_the_loader_s_build_files_are_read_in_process_for_the_first_arch(in_process: Path) -> None:
+    from sm120_build.jit_cache.jit_specs import render
+
+    modules = render({"pair": "sglang.jit_kernel.probe:pair(64)"})
+    # The loader's PDL test answers for the first arch of TVM_FFI_CUDA_ARCH_LIST (8.0: no).
+    assert [module["name"] for module in modules] == [
+        "sgl_kernel_jit_other_64_False",
+        "sgl_kernel_jit_probe_64_False",
+    ]
+    for module in modules:
+        assert module["recipe"] == "pair"
+        (source,) = module["cuda_sources"]
+        assert Path(source).read_text().endswith("__global__ void kernel() {}\n")
+        assert Path(source).is_relative_to(in_process / "tvm-ffi")
+        assert module["cxx_sources"] == []
+        assert "-gencode=arch=compute_120,code=sm_120" in module["cuda_flags"]
+        assert "-shared" in module["link_flags"] and module["device_link"] is False
+    # Nothing was compiled or loaded.
+    assert not list(in_process.rglob("*.so"))
+
+
+def test_an_installed_jit_cache_is_hidden_from_the_in_process_render(in_process: Path) -> None:
+    from sm120_build.jit_cache.jit_specs import sglang_kernels
+
+    sys.modules["flashinfer_jit_cache"] = types.SimpleNamespace(  # type: ignore[assignment]
+        get_jit_cache_dir=lambda: "/x"
+    )
+    ((name, _),) = sglang_kernels("sglang.jit_kernel.probe:module(8)")
+    assert name == "sgl_kernel_jit_probe_8"
+    with pytest.raises(
+        SystemExit,
+        match=r"^sglang\.jit_kernel\.probe:cached\(\): sglang's loader wrote no module to compile$",
+    ):
+        sglang_kernels("sglang.jit_kernel.probe:cached()")
