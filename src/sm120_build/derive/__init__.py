@@ -28,9 +28,10 @@ from ..jit_cache.sources import data_links
 from ..layout import Layout
 from ..pins import Pins, check_plain_name, read_toml
 from ..sglang_env import environment
+from . import readme
 
+DERIVED_FILE = readme.DERIVED_FILE
 SERVED_FILE = "served-models.toml"
-DERIVED_FILE = "profiles-derived.toml"
 UNION_PROFILE = "served"
 REPLAY = Path(__file__).with_name("replay.py")
 REPLAY_TIMEOUT = 900  # seconds for one configuration; the largest takes about 90
@@ -339,6 +340,8 @@ def derive_profiles(layout: Layout, pins: Pins, check: bool, configs: list[str])
         f"{name} (not servable)" for name in not_servable
     ]
     status = 1 if problems else 0
+    # The README's table is the checkout's: a stack outside it (a test's) leaves it alone.
+    readme_file = layout.root / readme.README if readme.is_checkout_stack(layout) else None
     if check:
         current = target.read_text() if target.is_file() else ""
         if current != text:
@@ -350,12 +353,25 @@ def derive_profiles(layout: Layout, pins: Pins, check: bool, configs: list[str])
             status = 1
         else:
             say(f"{DERIVED_FILE} is what sglang {pins.upstream('sglang').version} asks for")
+            current = readme_file.read_text() if readme_file else ""
+            if readme_file and readme.rewritten(current, readme.table(layout.root)) != current:
+                say(
+                    f"{readme.README}'s table of what compiles on a node is not the one "
+                    f"{DERIVED_FILE} gives: run `nox -s derive_profiles`"
+                )
+                status = 1
     else:
         partial = target.with_name(f".{target.name}.partial")
         partial.write_text(text)
         os.replace(partial, target)
         derived = len(answers) - len(not_servable)
         say(f"wrote {DERIVED_FILE} ({derived} of {len(chosen)} configuration(s) derived now)")
+        if readme_file:
+            updated = readme.rewritten(readme_file.read_text(), readme.table(layout.root))
+            partial = readme_file.with_name(f".{readme_file.name}.partial")
+            partial.write_text(updated)
+            os.replace(partial, readme_file)
+            say(f"rewrote {readme.README}'s table of what compiles on a node")
     if failed:
         kept = [name for name in failed if name in previous.get("profiles", {})]
         say(
