@@ -79,6 +79,9 @@ def render(recipes: dict[str, str], arch: str, workspace: Path) -> list[dict[str
     from sglang.kernels.jit.utils.compile import cache, loader, ninja
 
     written: dict[str, Path] = {}
+    # Every build asked for, in order: a loader that writes a module again (the same name)
+    # is seen doing so, and its second version compared with the first.
+    asked: list[str] = []
 
     def build(*, spec: Any, build_dir: Path, build_file: str) -> Path:
         name = str(spec.module_name)
@@ -89,6 +92,7 @@ def render(recipes: dict[str, str], arch: str, workspace: Path) -> list[dict[str
                 (directory / unit.filename).write_text(unit.source)
         (directory / "build.ninja").write_text(build_file)
         written[name] = directory
+        asked.append(name)
         return directory / f"{name}.so"
 
     vars(ninja)["build"] = build
@@ -103,9 +107,9 @@ def render(recipes: dict[str, str], arch: str, workspace: Path) -> list[dict[str
     modules: dict[str, dict[str, Any]] = {}
     for recipe, call in recipes.items():
         if call not in names_of:
-            before = set(written)
+            before = len(asked)
             evaluate(call, gpu)
-            names_of[call] = [name for name in written if name not in before]
+            names_of[call] = list(dict.fromkeys(asked[before:]))
             if not names_of[call]:
                 raise SystemExit(f"{call}: sglang's loader wrote no module to compile")
         for name in names_of[call]:
