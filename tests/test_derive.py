@@ -475,6 +475,9 @@ def test_configurations_outside_the_served_file(tmp_path: Path) -> None:
 
     # One configuration again: the file is the same, and the others were not replayed.
     before = (stack / DERIVED_FILE).read_text()
+    # Only a failing one: nothing is derived, and the file is left as it was.
+    assert derive_profiles(layout, pinned, False, ["gpt-oss-tp1"]) == 1
+    assert (stack / DERIVED_FILE).read_text() == before
     assert derive_profiles(layout, pinned, False, ["llama"]) == 0
     assert (stack / DERIVED_FILE).read_text() == before
     with pytest.raises(

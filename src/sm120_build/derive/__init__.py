@@ -360,6 +360,10 @@ def derive_profiles(layout: Layout, pins: Pins, check: bool, configs: list[str])
                     f"{DERIVED_FILE} gives: run `nox -s derive_profiles`"
                 )
                 status = 1
+    elif not answers:
+        # Nothing was derived now: the file keeps what it held (or stays absent), rather
+        # than lose every profile to a run in which every replay failed.
+        say(f"no configuration derived: {DERIVED_FILE} is left as it was")
     else:
         partial = target.with_name(f".{target.name}.partial")
         partial.write_text(text)

@@ -114,6 +114,7 @@ def _virtual_gpu(arch: tuple[int, int]) -> None:
         major, minor = arch
         total_memory = 96 * 2**30
         multi_processor_count = 188
+        is_integrated = False  # a discrete GPU: its free memory is mem_get_info's
 
     torch.cuda.is_available = lambda: True
     torch.cuda.get_device_capability = lambda device=None: arch
@@ -122,6 +123,7 @@ def _virtual_gpu(arch: tuple[int, int]) -> None:
     torch.cuda.get_device_properties = lambda device=None: Properties()
     torch.cuda.mem_get_info = lambda device=None: (95 * 2**30, 96 * 2**30)
     torch.cuda.current_device = lambda: 0
+    torch.cuda.set_device = lambda device: None
 
     class Stream:  # streams and events the constructors make for overlap; never waited on here
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -449,20 +451,43 @@ def main() -> None:
             for attribute, value in list(vars(module).items()):
                 owner = getattr(value, "__module__", None) or ""
                 # Python functions, and the C++ ops it registers (torch._ops.deep_gemm)
-                if callable(value) and "deep_gemm" in owner.split("."):
+                if attribute == "set_pdl":
+                    # A setting for the device (programmatic dependent launch), which
+                    # sglang's runner makes at start-up (deep_gemm_wrapper/entrypoint.py
+                    # update_deep_gemm_config): it compiles nothing, and needs a device.
+                    vars(module)[attribute] = lambda enable: None
+                elif callable(value) and "deep_gemm" in owner.split("."):
                     where = f"deep_gemm {name}.{attribute}"
                     vars(module)[attribute] = _recording_first_use(where, value, module)
 
     tp = int(request["server_args"].get("tp_size", 1))
-    for group in ("_TP", "_ATTN_TP", "_MOE_TP"):
-        setattr(parallel_state, group, _Group(tp))
-    for group in ("_PP", "_MOE_EP", "_ATTN_CP", "_MOE_DP"):
-        setattr(parallel_state, group, _Group(1))
+    groups = {
+        **dict.fromkeys(("_TP", "_ATTN_TP", "_MOE_TP"), _Group(tp)),
+        **dict.fromkeys(("_PP", "_MOE_EP", "_ATTN_CP", "_MOE_DP"), _Group(1)),
+    }
+    for group, handle in groups.items():
+        setattr(parallel_state, group, handle)
 
     args = server_args.ServerArgs(
         model_path=request["model"], skip_tokenizer_init=True, **request["server_args"]
     )
     server_args.set_global_server_args_for_scheduler(args)  # as the scheduler process does
+    if importlib.util.find_spec("sglang.srt.runtime_context") is not None:
+        # From 0.5.2x the process's configuration and its place in the parallel topology
+        # live in a runtime context that the scheduler process publishes first
+        # (managers/scheduler.py run_scheduler_process): rank 0 of the configured group.
+        from sglang.srt import runtime_context
+
+        runtime_context.publish(
+            args,
+            role="scheduler",
+            ranks=runtime_context.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0),
+        )
+        # The group handles too, which distributed initialisation records there
+        # (parallel_state.py get_tp_group: get_parallel().tp_group, _TP -> tp_group).
+        runtime_context.get_parallel().override_permanently(
+            **{f"{group.strip('_').lower()}_group": handle for group, handle in groups.items()}
+        )
     model_config = ModelConfig.from_server_args(args)
     # The MoE runner and FP8/FP4 GEMM backends, as the scheduler process sets them before
     # it builds the model (managers/scheduler.py:503 init_moe_gemm_config).
@@ -516,13 +541,11 @@ def _replay_model(args: Any, model_config: Any, tp: int, arch: Any, draft: bool)
     target's verify step over a draft tree. Returns the runner and its backend."""
     import torch
     from sglang.srt.configs.load_config import LoadConfig
-    from sglang.srt.configs.model_config import AttentionArch
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.model_loader.loader import _get_quantization_config, _initialize_model
     from sglang.srt.model_loader.utils import set_default_torch_dtype
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     load_config = LoadConfig(load_format=args.load_format)
     quant_config = _get_quantization_config(model_config, load_config)
@@ -532,33 +555,10 @@ def _replay_model(args: Any, model_config: Any, tp: int, arch: Any, draft: bool)
         model = _initialize_model(model_config, load_config, quant_config)
     _intercept_compilation(arch)
 
-    # ModelRunner without its model loading and process groups: its own attributes
-    # (model_runner.py:300-340, 515-522), then its own methods.
-    runner = ModelRunner.__new__(ModelRunner)
-    runner.server_args, runner.model_config, runner.model = args, model_config, model
-    runner.dtype, runner.device, runner.gpu_id = model_config.dtype, "cpu", 0
-    runner.tp_size, runner.tp_rank, runner.pp_size, runner.pp_rank, runner.dp_size = tp, 0, 1, 0, 1
-    runner.page_size, runner.is_draft_worker, runner.init_new_workspace = (
-        args.page_size,
-        draft,
-        False,
-    )
-    runner.is_hybrid_swa = model_config.is_hybrid_swa
-    runner.is_hybrid_swa_compress = model_config.is_hybrid_swa_compress
-    runner.spec_algorithm = SpeculativeAlgorithm.from_string(args.speculative_algorithm)
-    runner.use_mla_backend = model_config.attention_arch == AttentionArch.MLA
-    runner.attention_chunk_size = model_config.attention_chunk_size
-    runner.sliding_window_size = None
-    if hasattr(model, "get_attention_sliding_window_size"):
-        runner.sliding_window_size = model.get_attention_sliding_window_size()
-    runner.req_to_token_pool, runner.token_to_kv_pool_allocator = None, None
-    runner.start_layer = getattr(model, "start_layer", 0)
-    runner.end_layer = getattr(model, "end_layer", model_config.num_hidden_layers)
-    runner.num_effective_layers = runner.end_layer - runner.start_layer
-    runner.profile_max_num_token = lambda total_gpu_memory: 256
-    runner.configure_kv_cache_dtype()
-    runner.init_memory_pool(96 * 2**30)
-    backend = runner._get_attention_backend()
+    if hasattr(ModelRunner, "alloc_memory_pool"):  # 0.5.2x
+        runner, backend = _runner_with_pools(args, model_config, model, draft)
+    else:
+        runner, backend = _runner_of_0_5_9(args, model_config, model, tp, draft)
 
     def batch(mode: Any, prefix: int) -> Any:
         lengths = torch.tensor([prefix + 5, prefix + 7], dtype=torch.int64)
@@ -596,6 +596,79 @@ def _replay_model(args: Any, model_config: Any, tp: int, arch: Any, draft: bool)
     _route_and_run_experts(runner, model, torch)
     _fuse_allreduce(runner, model, tp, torch)
     return runner, backend
+
+
+def _runner_of_0_5_9(args: Any, model_config: Any, model: Any, tp: int, draft: bool) -> Any:
+    """Up to 0.5.10: ModelRunner without its model loading and process groups, its own
+    attributes (model_runner.py:300-340, 515-522), then its own methods; its KV pool sized
+    from a stand-in profile of the GPU's memory (256 tokens). The runner and its backend."""
+    from sglang.srt.configs.model_config import AttentionArch
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.server_args, runner.model_config, runner.model = args, model_config, model
+    runner.dtype, runner.device, runner.gpu_id = model_config.dtype, "cpu", 0
+    runner.tp_size, runner.tp_rank, runner.pp_size, runner.pp_rank, runner.dp_size = tp, 0, 1, 0, 1
+    runner.page_size, runner.is_draft_worker, runner.init_new_workspace = (
+        args.page_size,
+        draft,
+        False,
+    )
+    runner.is_hybrid_swa = model_config.is_hybrid_swa
+    runner.is_hybrid_swa_compress = model_config.is_hybrid_swa_compress
+    runner.spec_algorithm = SpeculativeAlgorithm.from_string(args.speculative_algorithm)
+    runner.use_mla_backend = model_config.attention_arch == AttentionArch.MLA
+    runner.attention_chunk_size = model_config.attention_chunk_size
+    runner.sliding_window_size = None
+    if hasattr(model, "get_attention_sliding_window_size"):
+        runner.sliding_window_size = model.get_attention_sliding_window_size()
+    runner.req_to_token_pool, runner.token_to_kv_pool_allocator = None, None
+    runner.start_layer = getattr(model, "start_layer", 0)
+    runner.end_layer = getattr(model, "end_layer", model_config.num_hidden_layers)
+    runner.num_effective_layers = runner.end_layer - runner.start_layer
+    runner.profile_max_num_token = lambda total_gpu_memory: 256
+    runner.configure_kv_cache_dtype()
+    runner.init_memory_pool(96 * 2**30)
+    return runner, runner._get_attention_backend()
+
+
+def _runner_with_pools(args: Any, model_config: Any, model: Any, draft: bool) -> Any:
+    """From 0.5.2x: sglang's own ModelRunner.__init__, with the weights not loaded (its
+    loader gives back the model built on the meta device) and the device not measured; then
+    what the scheduler does next (managers/scheduler.py init_memory_pools ->
+    alloc_memory_pool, init_all_attention_backends). The KV pool is sized from a profile of
+    the GPU's free memory: 64 MiB here, a few hundred tokens, which chooses no kernel.
+    The runner and its backend."""
+    from sglang.srt import runtime_context
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.model_executor import model_runner
+
+    def init_torch_distributed(runner: Any) -> None:  # model_runner.py init_torch_distributed
+        runner.pre_model_load_memory = 0
+        runner.pp_group = runtime_context.get_parallel().pp_group
+
+    loaded = SimpleNamespace(
+        loader=None, model=model, startup_weight_load=None, remote_instance_weight_info=None
+    )
+    vars(model_runner).update(
+        load_model_with_memory_saver=lambda **kwargs: loaded,
+        # The ranks' barrier after loading (torch.distributed's): this is the only rank.
+        dist_barrier_after_load=lambda **kwargs: None,
+    )
+    model_runner.ModelRunner.init_torch_distributed = init_torch_distributed
+    KVCacheConfigurator._profile_available_bytes = lambda self, pre_model_load_memory: 64 << 20
+    runner = model_runner.ModelRunner(
+        model_config=model_config,
+        mem_fraction_static=runtime_context.get_schedule().mem_fraction_static,
+        gpu_id=0,
+        nccl_port=0,
+        server_args=args,
+        is_draft_worker=draft,
+    )
+    runner.alloc_memory_pool()
+    runner.init_attention_backends()
+    return runner, runner.attn_backend
 
 
 def _attend(runner: Any, backend: Any, layer: Any, forward: Any, torch: Any) -> None:
@@ -772,27 +845,61 @@ def _route_and_run_experts(runner: Any, model: Any, torch: Any) -> None:
 
 def _fuse_allreduce(runner: Any, model: Any, tp: int, torch: Any) -> None:
     """The allreduce after attention, fused with the residual add and RMSNorm, where
-    sglang's own gate takes it (layers/communicator.py:814 apply_flashinfer_allreduce_fusion)
-    through the norm's forward_with_allreduce_fusion (layers/layernorm.py:318). What stands
-    in: the ranks' shared workspace, CUDA IPC memory that every rank of a real process group
-    maps (flashinfer_comm_fusion.py:101), counts as made, and this is rank 0."""
-    import sglang.srt.layers.communicator as communicator
+    sglang's own gate takes it, through the norm's forward_with_allreduce_fusion: up to
+    0.5.10 the gate is layers/communicator.py apply_flashinfer_allreduce_fusion, from 0.5.2x
+    layer_boundary/residual/add_norm.py flashinfer_ar_fusion_applies. What stands in: the
+    ranks' shared workspace, CUDA IPC memory that every rank of a real process group maps,
+    counts as made (flashinfer_comm_fusion.py), and this is rank 0."""
     import sglang.srt.layers.flashinfer_comm_fusion as fusion
 
     tokens = 2
     layer = next((m for m in model.modules() if hasattr(m, "post_attention_layernorm")), None)
-    if layer is None or not communicator.apply_flashinfer_allreduce_fusion(tokens):
+    if layer is None or not _allreduce_fusion_gate()(tokens):
         return
     norm = layer.post_attention_layernorm
     if not hasattr(norm, "forward_with_allreduce_fusion"):
         return
-    workspace = fusion._workspace_manager
-    workspace.initialized, workspace.world_size, workspace.rank = True, tp, 0
+    if hasattr(fusion, "_workspace_manager"):  # up to 0.5.10: one workspace
+        workspace = fusion._workspace_manager
+        workspace.initialized, workspace.world_size, workspace.rank = True, tp, 0
+    else:  # 0.5.2x: one per group, and FlashInfer's workspace object picks the backend
+        from flashinfer.comm.allreduce import TRTLLMAllReduceFusionWorkspace
+
+        made = TRTLLMAllReduceFusionWorkspace.__new__(TRTLLMAllReduceFusionWorkspace)
+        vars(made).update(
+            world_size=tp,
+            rank=0,
+            mem_handles=[],
+            workspace_tensor=torch.zeros(tp, dtype=torch.int64),
+        )
+        workspace = fusion._get_workspace_manager(True)
+        vars(workspace).update(
+            initialized=True,
+            world_size=tp,
+            rank=0,
+            group=(None, None),  # the stand-in group's device and host groups
+            backend="trtllm",
+            workspace=made,
+            is_buffer_size_sufficient=lambda **kwargs: True,
+        )
     fusion.dist.get_rank = lambda group=None: 0
     norm.weight = torch.nn.Parameter(torch.zeros(norm.weight.shape, dtype=norm.weight.dtype))
     x = torch.zeros(tokens, norm.weight.shape[0], dtype=runner.dtype)
     with _step("allreduce fusion"):
         norm.forward_with_allreduce_fusion(x, x.clone())
+
+
+def _allreduce_fusion_gate() -> Any:
+    """sglang's own test of whether a batch of N tokens takes the fused allreduce."""
+    try:
+        from sglang.srt.layers.communicator import apply_flashinfer_allreduce_fusion
+    except ImportError:  # 0.5.2x
+        from sglang.srt.layers.layer_boundary.residual.add_norm import (
+            flashinfer_ar_fusion_applies,
+        )
+
+        return flashinfer_ar_fusion_applies
+    return apply_flashinfer_allreduce_fusion
 
 
 if __name__ == "__main__":
