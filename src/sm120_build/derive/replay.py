@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import importlib.util
 import inspect
 import json
 import sys
@@ -90,6 +91,7 @@ def _step(name: str) -> Any:
         yield
     except Exception as exc:
         print(f"{name}: {exc!r}", file=sys.stderr)
+        traceback.print_exc(limit=-8)  # where it stopped, for whoever reads stderr
         # An op of sgl_kernel's with no meta kernel: the step reached a prebuilt kernel,
         # which nothing compiles on the node.
         prebuilt = "sgl_kernel::" in str(exc)
@@ -115,6 +117,11 @@ def _virtual_gpu(arch: tuple[int, int]) -> None:
         total_memory = 96 * 2**30
         multi_processor_count = 188
         is_integrated = False  # a discrete GPU: its free memory is mem_get_info's
+        # Shared memory per SM and per block (opt-in), which FlashInfer's MLA plan checks
+        # its tiles against: CUDA's table of compute capabilities (12.x: 100 KB and 99 KB;
+        # 9.0 and 10.x: 228 KB and 227 KB).
+        shared_memory_per_multiprocessor = (100 if arch[0] == 12 else 228) * 1024
+        shared_memory_per_block_optin = (99 if arch[0] == 12 else 227) * 1024
 
     torch.cuda.is_available = lambda: True
     torch.cuda.get_device_capability = lambda device=None: arch
@@ -124,6 +131,8 @@ def _virtual_gpu(arch: tuple[int, int]) -> None:
     torch.cuda.mem_get_info = lambda device=None: (95 * 2**30, 96 * 2**30)
     torch.cuda.current_device = lambda: 0
     torch.cuda.set_device = lambda device: None
+    # `with torch.cuda.device(tensor.device)`: the tensors are the host's or meta
+    torch.cuda.device = lambda device: contextlib.nullcontext()
 
     class Stream:  # streams and events the constructors make for overlap; never waited on here
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -171,6 +180,17 @@ def _virtual_gpu(arch: tuple[int, int]) -> None:
         setattr(torch, name, on_host(getattr(torch, name)))
 
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    to_device = torch.Tensor.to
+
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:  # .to("cuda"): stays where it is
+        args = tuple(a for a in args if not str(a).startswith("cuda"))
+        if str(kwargs.get("device")).startswith("cuda"):
+            del kwargs["device"]
+        if not args and not set(kwargs) - {"non_blocking", "copy"}:
+            return self
+        return to_device(self, *args, **kwargs)
+
+    torch.Tensor.to = to
 
     # Custom ops registered for the GPU (sglang's jit_kernel wrappers) run on host tensors too:
     # their implementation asks for the JIT module first, which is what is recorded. On the
@@ -267,6 +287,8 @@ class _Module:
     def __getattr__(self, name: str) -> Any:
         def function(*args: Any, **kwargs: Any) -> Any:
             _ASKED[0] += 1
+            if name == "plan_with_staged_workspace_bytes":  # 0.7's MLA plan: (plan, bytes)
+                return [], 0
             return [] if name == "plan" else None
 
         return function
@@ -330,7 +352,7 @@ def _intercept(prefix: str, wanted: Any, result: Any, generate: bool = False) ->
                 if (
                     callable(value)
                     and (getattr(value, "__module__", None) or "").startswith(prefix)
-                    and wanted(attribute)
+                    and wanted(attribute, value)
                     and not getattr(value, "_sm120_recorder", False)
                 ):
                     originals[id(value)] = value
@@ -351,25 +373,67 @@ def _intercept_compilation(arch: tuple[int, int]) -> None:
     real = _REAL.setdefault("capability", flashinfer.utils.get_compute_capability)
     capability = lambda device=None: arch  # noqa: E731
     for name, module in list(sys.modules.items()):
-        if (
-            name.startswith("flashinfer")
-            and getattr(module, "get_compute_capability", None) is real
-        ):
-            vars(module)["get_compute_capability"] = capability
+        if name.startswith("flashinfer") and module is not None:
+            # by identity: 0.7 imports it under other names too (_get_compute_capability)
+            for attribute, value in list(vars(module).items()):
+                if value is real:
+                    vars(module)[attribute] = capability
     # gen_*_module* anywhere in FlashInfer (some live beside their ops, as fp4_quantization's;
     # some name their variant last, as gen_gemm_sm120_module_cutlass_fp4); the outermost call
     # is recorded, since a recorder does not call what it replaces.
     _intercept(
         "flashinfer",
-        lambda name: name.startswith("gen_") and "_module" in name,
+        lambda name, value: name.startswith("gen_") and "_module" in name,
         _Spec,
         generate=True,
     )
-    _intercept(
-        _SGLANG_KERNELS,
-        lambda name: name.startswith("_jit_") and name.endswith("_module"),
-        _Module,
+    _intercept(_SGLANG_KERNELS, lambda name, value: _calls_load_jit(value), _Module)
+
+
+def _calls_load_jit(function: Any) -> bool:
+    """Whether a function of sglang's kernels is a loader: its own code (or a function
+    nested in it) calls load_jit. 0.5.9's all follow the _jit_*_module naming; 0.5.2x has
+    others too (ops/activation/activation.py activation_module, ...)."""
+    try:
+        function = inspect.unwrap(function)
+    except ValueError:  # an object that names itself as what it wraps: no function
+        return False
+    codes = [getattr(function, "__code__", None)]
+    while codes:
+        code = codes.pop()
+        if code is None:
+            continue
+        if "load_jit" in code.co_names:
+            return True
+        codes += [const for const in code.co_consts if isinstance(const, types.CodeType)]
+    return False
+
+
+def _import_kernel_modules() -> None:
+    """Every module of sglang's kernels package, so that each loader is replaced before
+    anything imports it lazily; one that cannot be imported here (another platform's) is
+    left out, and neither can sglang import it on the node."""
+    import pkgutil
+
+    package = importlib.import_module(_SGLANG_KERNELS)
+    for found in pkgutil.walk_packages(package.__path__, f"{_SGLANG_KERNELS}."):
+        with contextlib.suppress(Exception):
+            importlib.import_module(found.name)
+
+
+def _load_jit_outside_a_loader(*args: Any, **kwargs: Any) -> Any:
+    """What load_jit becomes: every loader is recorded instead of called, so a call that
+    reaches it came another way, and what it would compile is not in the profile."""
+    frames = [frame for frame in inspect.stack()[1:] if "sglang" in frame.filename]
+    where = _site(frames[0]) if frames else "?"
+    UNREACHED.append(
+        {
+            "step": "sglang kernel",
+            "error": f"load_jit{args!r} was called other than by a loader the replay knows",
+            "at": where,
+        }
     )
+    raise RuntimeError("load_jit reached outside a recorded loader")
 
 
 def _recording_first_use(name: str, function: Any, module: Any) -> Any:
@@ -409,7 +473,10 @@ def main() -> None:
     server_args.get_device_memory_capacity = lambda device=None: 97887.0
     global _SGLANG_KERNELS
     _SGLANG_KERNELS = _kernels_package()
-    importlib.import_module(_SGLANG_KERNELS)
+    _import_kernel_modules()
+    for name, module in list(sys.modules.items()):
+        if name.startswith(_SGLANG_KERNELS) and module is not None and "load_jit" in vars(module):
+            vars(module)["load_jit"] = _load_jit_outside_a_loader
     import sglang.srt.configs.load_config
     import sglang.srt.distributed.parallel_state as parallel_state
     import sglang.srt.layers.attention.flashinfer_backend
@@ -696,11 +763,16 @@ def _verify_drafts(runner: Any, backend: Any, layer: Any, decoded: Any, torch: A
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
     from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
-    args = runner.server_args
+    resolved = runner.server_args
+    if importlib.util.find_spec("sglang.srt.runtime_context") is not None:
+        # 0.5.2x resolves the draft tree's sizes into the runtime context, not the arguments
+        from sglang.srt.runtime_context import get_spec
+
+        resolved = get_spec()
     steps, topk, drafts = (
-        args.speculative_num_steps,
-        args.speculative_eagle_topk,
-        args.speculative_num_draft_tokens,
+        resolved.speculative_num_steps,
+        resolved.speculative_eagle_topk,
+        resolved.speculative_num_draft_tokens,
     )
     size = decoded.batch_size
     vars(eagle_utils)["sgl_build_tree_kernel_efficient"] = lambda *args: None
@@ -717,14 +789,22 @@ def _verify_drafts(runner: Any, backend: Any, layer: Any, decoded: Any, torch: A
             drafts,
         )
     )
+    # 0.5.2x spells the retrieve_* fields so (speculative/eagle_info.py); 0.5.9 retrive_*
+    spelled = (
+        "retrieve"
+        if "retrieve_index" in inspect.signature(EagleVerifyInput).parameters
+        else "retrive"
+    )
     decoded.spec_info = EagleVerifyInput(
         draft_token=tokens,
         custom_mask=tree_mask,
         positions=positions,
-        retrive_index=index,
-        retrive_next_token=next_token,
-        retrive_next_sibling=next_sibling,
-        retrive_cum_len=None,
+        **{
+            f"{spelled}_index": index,
+            f"{spelled}_next_token": next_token,
+            f"{spelled}_next_sibling": next_sibling,
+            f"{spelled}_cum_len": None,
+        },
         spec_steps=steps,
         topk=topk,
         draft_token_num=drafts,
@@ -821,7 +901,12 @@ def _route_and_run_experts(runner: Any, model: Any, torch: Any) -> None:
     # On the meta device: sgl_kernel's routing and MoE ops have meta kernels, no CPU ones.
     hidden = torch.zeros(2, experts.hidden_size, dtype=runner.dtype, device="meta")
     # The gate scores the routed experts; the experts' count includes shared ones fused in.
-    routed_experts = experts.num_experts - router.topk_config.num_fused_shared_experts
+    config = router.topk_config
+    # (0.5.2x keeps the count in the config's shared-experts layout, configs/shared_experts.py)
+    fused_shared = getattr(config, "num_fused_shared_experts", None)
+    if fused_shared is None:
+        fused_shared = config.shared_experts.num_fused_shared_experts
+    routed_experts = experts.num_experts - fused_shared
     logits = torch.zeros(2, routed_experts, dtype=torch.float32, device="meta")
     bias = router.topk_config.correction_bias  # the gate's, built on the host or on meta
     if bias is not None:
@@ -866,11 +951,25 @@ def _fuse_allreduce(runner: Any, model: Any, tp: int, torch: Any) -> None:
         from flashinfer.comm.allreduce import TRTLLMAllReduceFusionWorkspace
 
         made = TRTLLMAllReduceFusionWorkspace.__new__(TRTLLMAllReduceFusionWorkspace)
+        # What its constructor keeps of the IPC workspace it makes (comm/allreduce.py), with
+        # the metadata the kernel's launcher checks the batch against (comm/trtllm_ar.py).
+        metadata = {
+            "tp_rank": 0,
+            "tp_size": tp,
+            "max_token_num": 2048,
+            "hidden_dim": norm.weight.shape[0],
+            "use_fp32_lamport": False,
+        }
+        tensor = torch.zeros(tp, dtype=torch.int64)
         vars(made).update(
+            _internal_workspace=([], tensor, metadata),
             world_size=tp,
             rank=0,
+            ipc_handles=[],
+            workspace_tensor=tensor,
             mem_handles=[],
-            workspace_tensor=torch.zeros(tp, dtype=torch.int64),
+            metadata=metadata,
+            _destroyed=True,  # nothing of the ranks' to release when it goes
         )
         workspace = fusion._get_workspace_manager(True)
         vars(workspace).update(
