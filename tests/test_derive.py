@@ -410,7 +410,9 @@ def eagle_draft_config() -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_configurations_outside_the_served_file(tmp_path: Path) -> None:
+def test_configurations_outside_the_served_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The replay on configurations the checked-in file does not hold, with sglang 0.5.9's
     own code: gpt-oss-120b at TP 8 asks for trtllm-gen's fused MoE (FlashInfer builds it for
     major 10 only), so it is not servable, named with sglang's call site; at TP 1 the
@@ -432,7 +434,13 @@ def test_configurations_outside_the_served_file(tmp_path: Path) -> None:
         shutil.copy(REPO / name, stack)
     (stack / "vendor").symlink_to(repo.vendor)
     shutil.copytree(REPO / "models" / "llama-3.1-8b-instruct", stack / "llama")
-    for name, config in (("gpt-oss", gpt_oss_config()), ("draft", eagle_draft_config())):
+    unknown_type = {**json.loads((stack / "llama" / "config.json").read_text())}
+    unknown_type["model_type"] = "no-such-model-type"
+    for name, config in (
+        ("gpt-oss", gpt_oss_config()),
+        ("draft", eagle_draft_config()),
+        ("unknown-type", unknown_type),
+    ):
         (stack / name).mkdir()
         (stack / name / "config.json").write_text(json.dumps(config))
     (stack / "served-models.toml").write_text(
@@ -443,12 +451,28 @@ def test_configurations_outside_the_served_file(tmp_path: Path) -> None:
         "speculative_num_draft_tokens = 4 }\n"
         '[models.gpt-oss-tp8]\nmodel = "gpt-oss"\narch = "12.0"\nserver_args = { tp_size = 8 }\n'
         '[models.gpt-oss-tp1]\nmodel = "gpt-oss"\narch = "12.0"\nserver_args = { tp_size = 1 }\n'
+        # Bad input: each refused by name, none reported as covered.
+        '[models.unknown-type]\nmodel = "unknown-type"\narch = "12.0"\n'
+        '[models.unknown-quant]\nmodel = "llama"\narch = "12.0"\n'
+        'server_args = { quantization = "no-such-quantization" }\n'
+        '[models.ngram]\nmodel = "llama"\narch = "12.0"\n'
+        'server_args = { speculative_algorithm = "NGRAM" }\n'
     )
     layout = Layout(root=REPO, cache=repo.cache, stack_dir=stack)
 
     assert derive_profiles(layout, pinned, False, []) == 1
     data = read_toml(stack / DERIVED_FILE)
     assert set(data["profiles"]) == {"llama", "llama-eagle", "served"}
+    said = capsys.readouterr().err
+    for name, words in (
+        ("unknown-type", "no-such-model-type"),
+        ("unknown-quant", "no-such-quantization"),
+        ("ngram", "speculative_algorithm NGRAM: the replay follows only the EAGLE family"),
+    ):
+        start = said.index(f"{name}: FAILED, the others go on")
+        end = said.find("sm120-build: configuration ", start)
+        assert words in said[start : end if end >= 0 else None], said[start:][:3000]
+        assert name not in data.get("not_servable", {})
     (refused,) = data["not_servable"]["gpt-oss-tp8"]["cannot_build"]
     assert refused["call"] == TRTLLM_GEN
     assert "major versions [10]" in refused["reason"]

@@ -173,7 +173,10 @@ def _flashinfer_with_data(tree: Path, into: Path) -> Path:
 
 # What the replay sees compile outside FlashInfer's and sglang's JIT, which no wheel of this
 # project carries (derive/replay.py FIRST_USE).
-FIRST_USE_COMPILERS = "Triton's JIT (triton) and DeepGEMM's, with nvcc or NVRTC (deep_gemm)"
+FIRST_USE_COMPILERS = (
+    "Triton's JIT (triton), DeepGEMM's, with nvcc or NVRTC (deep_gemm), torch.compile's "
+    "(Dynamo, Inductor, Triton), CuTe DSL's (cute_dsl) and TileLang's (tilelang)"
+)
 
 
 def recipe_name(call: str) -> str:

@@ -20,7 +20,13 @@ BEGIN = (
 )
 END = "<!-- END what-compiles -->"
 # The compiler a compiled_on_node entry names (replay.py's FIRST_USE: "<compiler> <where>").
-COMPILERS = {"triton": "Triton", "deep_gemm": "DeepGEMM"}
+COMPILERS = {
+    "triton": "Triton",
+    "deep_gemm": "DeepGEMM",
+    "torch.compile": "torch.compile",
+    "cute_dsl": "CuTe DSL",
+    "tilelang": "TileLang",
+}
 
 
 def _recipe_kinds(stack: Path, derived: dict[str, Any]) -> dict[str, str]:

@@ -390,6 +390,68 @@ def _intercept_compilation(arch: tuple[int, int]) -> None:
     _intercept(_SGLANG_KERNELS, lambda name, value: _calls_load_jit(value), _Module)
 
 
+def _named(function: Any) -> tuple[str, str]:
+    """A Python function's module-qualified name and where it is defined."""
+    original = inspect.unwrap(function) if callable(function) else function
+    name = f"{getattr(original, '__module__', '?')}.{getattr(original, '__qualname__', '?')}"
+    try:
+        source = inspect.getsourcefile(original) or "?"
+        return name, _where(source, inspect.getsourcelines(original)[1])
+    except (TypeError, OSError):
+        return name, "?"
+
+
+def _record_torch_compile() -> None:
+    """torch.compile'd functions compile at their first call on the node (Dynamo, Inductor,
+    Triton): each one sglang calls is recorded with where, then runs as it would have. Made
+    before sglang is imported: its decorators run at import."""
+    import torch
+
+    real = torch.compile
+
+    def compile(model: Any = None, **options: Any) -> Any:
+        if model is None:  # @torch.compile(...)
+            return lambda function: compile(function, **options)
+        compiled = real(model, **options)
+        if isinstance(model, torch.nn.Module) or not callable(model):
+            return compiled
+        name, defined_at = _named(model)
+
+        @functools.wraps(model)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            _first_use(f"torch.compile {name}", defined_at)
+            return compiled(*args, **kwargs)
+
+        return call
+
+    torch.compile = compile
+
+
+def _record_kernel_dsls() -> None:
+    """CuTe DSL's and TileLang's JIT, where sglang's kernels use them (0.5.2x): a kernel
+    they would compile at first use is recorded, with where, and nothing is compiled (the
+    compiled kernel stands in as a function that does nothing). Only what sglang imported
+    can be called."""
+    compiler = sys.modules.get("cutlass.base_dsl.compiler")
+    if compiler is not None and hasattr(compiler, "CompileCallable"):
+
+        def cute_compile(self: Any, function: Any, *args: Any, **kwargs: Any) -> Any:
+            name, defined_at = _named(function)
+            _first_use(f"cute_dsl {name}", defined_at)
+            return lambda *args, **kwargs: None
+
+        compiler.CompileCallable.__call__ = cute_compile
+    jit = sys.modules.get("tilelang.jit")
+    if jit is not None and hasattr(jit, "JITImpl"):
+
+        def tilelang_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            name, defined_at = _named(getattr(self.func, "orig_func", self.func))
+            _first_use(f"tilelang {name}", defined_at)
+            return lambda *args, **kwargs: None
+
+        jit.JITImpl.__call__ = tilelang_call
+
+
 def _calls_load_jit(function: Any) -> bool:
     """Whether a function of sglang's kernels is a loader: its own code (or a function
     nested in it) calls load_jit. 0.5.9's all follow the _jit_*_module naming; 0.5.2x has
@@ -466,6 +528,7 @@ def main() -> None:
     request = json.loads(sys.argv[1])
     arch = tuple(request["arch"])
     _virtual_gpu(arch)
+    _record_torch_compile()
     import sglang.srt.server_args as server_args
     import sglang.srt.utils.common as common
 
@@ -474,6 +537,7 @@ def main() -> None:
     global _SGLANG_KERNELS
     _SGLANG_KERNELS = _kernels_package()
     _import_kernel_modules()
+    _record_kernel_dsls()
     for name, module in list(sys.modules.items()):
         if name.startswith(_SGLANG_KERNELS) and module is not None and "load_jit" in vars(module):
             vars(module)["load_jit"] = _load_jit_outside_a_loader
@@ -556,6 +620,19 @@ def main() -> None:
             **{f"{group.strip('_').lower()}_group": handle for group, handle in groups.items()}
         )
     model_config = ModelConfig.from_server_args(args)
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    algorithm = SpeculativeAlgorithm.from_string(args.speculative_algorithm)
+    # (a plug-in algorithm sglang 0.5.2x registers may have no is_eagle: not the family)
+    if not algorithm.is_none() and not getattr(algorithm, "is_eagle", lambda: False)():
+        # The replay follows EAGLE's draft tree and verify step (_verify_drafts); another
+        # algorithm's kernels would go unrecorded, and the profile would look complete.
+        eagle = [a.name for a in SpeculativeAlgorithm if a.is_eagle()]
+        raise SystemExit(
+            f"speculative_algorithm {args.speculative_algorithm}: the "
+            f"replay follows only the EAGLE family's draft tree and verify step "
+            f"({', '.join(eagle)}, and what sglang resolves to them, such as NEXTN)"
+        )
     # The MoE runner and FP8/FP4 GEMM backends, as the scheduler process sets them before
     # it builds the model (managers/scheduler.py:503 init_moe_gemm_config).
     Scheduler.init_moe_gemm_config(SimpleNamespace(server_args=args, model_config=model_config))
