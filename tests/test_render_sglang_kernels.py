@@ -7,6 +7,7 @@ environment. The render against the real sglang 0.5.23: docs/stacks.md."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import io
 import json
@@ -19,7 +20,7 @@ import pytest
 from sm120_build.errors import UserError
 from sm120_build.jit_cache import sglang_specs
 from sm120_build.jit_cache.arch import Arch
-from sm120_build.jit_cache.render import render_sglang_kernels
+from sm120_build.jit_cache.render import Module, render_sglang_kernels
 from sm120_build.toolkit import Toolkit
 
 pytestmark = pytest.mark.skipif(
@@ -41,6 +42,7 @@ def target():
     return _CUDA_ARCH
 """
 NINJA = """\
+import os
 import sysconfig
 
 def generate(spec, target):
@@ -48,9 +50,12 @@ def generate(spec, target):
     number = target[2:]
     flags = (f"-gencode=arch=compute_{number},code=sm_{number} -DNAME={spec.module_name} "
              f"-I{purelib}/flashinfer/data/cutlass/include {spec.flags}")
+    # What the loader saw of its environment, carried in the host flags for the test to read.
+    seen = " ".join(f"-D{name}={os.environ.get(name, 'unset')}" for name in
+                    ("SGLANG_JIT_CACHE_DIR", "CUDA_HOME", "PYTHONHASHSEED", "SM120_STRAY"))
     return "\\n".join([
         f"cudaflags = {flags}",
-        "cxxflags = -fPIC -O3",
+        f"cxxflags = -fPIC -O3 {seen} -DCWD={os.getcwd()}",
         "ldflags = -shared -ltvm_ffi",
         *(f"build {unit.filename}.o: compile_cuda {unit.filename}"
           for unit in spec.translation_units()),
@@ -183,7 +188,7 @@ def test_each_recipe_s_modules_are_rendered_once_with_the_target_of_its_arch(
         "-gencode=arch=compute_120,code=sm_120",
         "-DNAME=sgl_kernel_jit_store_64",
     ]
-    assert store["cxx_flags"] == ["-fPIC", "-O3"]
+    assert store["cxx_flags"][:2] == ["-fPIC", "-O3"]
     assert store["link_flags"] == ["-shared", "-ltvm_ffi"]
     assert store["cxx_sources"] == [] and store["device_link"] is False
 
@@ -227,18 +232,39 @@ TOOLKIT = Toolkit(Path("/opt/cuda"), (13, 0), "13.0.88", frozenset({"sm_120"}))
 
 
 def test_the_build_renders_them_with_sglang_s_python_and_its_own_paths(
-    sglang_tree: Path, tmp_path: Path
+    sglang_tree: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     sources = tmp_path / "export" / "flashinfer"
     sources.mkdir(parents=True)
-    modules = render_sglang_kernels(
-        Path(sys.executable),
-        sglang_tree,
-        {"pair": PAIR_CALL},
-        [Arch.parse("12.0f")],
-        TOOLKIT,
-        sources,
-    )
+    monkeypatch.setenv("SM120_STRAY", "from the shell")  # not in RENDER_ENVIRONMENT
+
+    def render() -> list[Module]:
+        return render_sglang_kernels(
+            Path(sys.executable),
+            sglang_tree,
+            {"pair": PAIR_CALL},
+            [Arch.parse("12.0f")],
+            TOOLKIT,
+            sources,
+        )
+
+    modules = render()
+    workspace = tmp_path / "export" / "workspace"
+    assert "rendering 1 sglang kernel recipe(s) with the patched sglang" in capsys.readouterr().err
+    # The loader saw its own cache under the workspace, the build's toolkit, a fixed hash
+    # seed, none of the shell's other variables, and sglang's tree's directory as its own.
+    assert modules[0].cxx_flags[2:] == [
+        f"-DSGLANG_JIT_CACHE_DIR={workspace / 'sglang-jit-cache'}",
+        "-DCUDA_HOME=/opt/cuda",
+        "-DPYTHONHASHSEED=0",
+        "-DSM120_STRAY=unset",
+        f"-DCWD={sglang_tree.parent}",
+    ]
+    # A second render in the same workspace (its package link made already) gives the same.
+    assert render() == modules
     assert [module.name for module in modules] == [
         "sgl_kernel_jit_gather_64",
         "sgl_kernel_jit_store_64",
@@ -272,4 +298,31 @@ def test_the_build_refuses_more_than_one_arch_and_names_a_failed_render(
     assert str(refused.value) == (
         "sglang could not render its kernels for --arch 12.0f: "
         "sglang.kernels.ops.store:_jit_nothing_module(): sglang's loader wrote no module to compile"
+    )
+
+
+def test_a_tvm_ffi_release_other_than_the_build_s_is_refused_with_the_pin_to_set(
+    sglang_tree: Path, tmp_path: Path
+) -> None:
+    # sglang's environment reports another apache-tvm-ffi release (a distribution's metadata
+    # first on its path); its headers would not be the ones the node loads kernels with.
+    info = sglang_tree / "apache_tvm_ffi-0.0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: apache-tvm-ffi\nVersion: 0.0.1\n")
+    sources = tmp_path / "export" / "flashinfer"
+    sources.mkdir(parents=True)
+    with pytest.raises(UserError) as refused:
+        render_sglang_kernels(
+            Path(sys.executable),
+            sglang_tree,
+            {"s": STORE_CALL},
+            [Arch.parse("12.0f")],
+            TOOLKIT,
+            sources,
+        )
+    mine = importlib.metadata.version("apache-tvm-ffi")
+    assert str(refused.value) == (
+        f"sglang's environment has apache-tvm-ffi 0.0.1, the build {mine}: sglang's kernels "
+        "would be compiled against other headers than the node loads them with. Pin "
+        "apache-tvm-ffi==0.0.1 in pins.toml's [build] requirements."
     )
