@@ -13,6 +13,7 @@ import pytest
 from sm120_build.derive import readme
 from sm120_build.errors import UserError
 from sm120_build.layout import Layout
+from sm120_build.profiles import DERIVED_FILE
 
 from .conftest import REPO
 
@@ -73,7 +74,7 @@ def test_a_hand_edit_of_the_table_is_told_apart() -> None:
 
 def test_each_row_says_what_its_records_say(tmp_path: Path) -> None:
     (tmp_path / "profiles.toml").write_text('[modules.comm]\ncall = "flashinfer.comm:gen()"\n')
-    (tmp_path / readme.DERIVED_FILE).write_text(DERIVED)
+    (tmp_path / DERIVED_FILE).write_text(DERIVED)
     small, bare, big = readme.stack_rows("sglang-x", tmp_path)
     assert small == (
         "| `sglang-x` | `small`: Small, TP 1 | 2 FlashInfer module(s); sglang's "
@@ -89,7 +90,7 @@ def test_each_row_says_what_its_records_say(tmp_path: Path) -> None:
         "`flashinfer.fused_moe:gen_trtllm_gen_fused_moe_sm100_module()` "
         "(supported major versions [10]) |"
     )
-    (tmp_path / readme.DERIVED_FILE).unlink()
+    (tmp_path / DERIVED_FILE).unlink()
     assert readme.stack_rows("sglang-x", tmp_path) == [
         "| `sglang-x` | (none derived yet: docs/stacks.md, Derivation) | | |"
     ]

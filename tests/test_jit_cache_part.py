@@ -336,6 +336,11 @@ def test_the_wheel_assembled_from_parts_holds_every_module_and_its_provenance(
     assert provenance["modules"] == {"norm": "gen_norm_module()", "rope": "gen_rope_module()"}
     assert provenance["compile_commands"] == [["nvcc -c norm.cu"], ["nvcc -c rope.cu"]]
     assert "served" in provenance["profiles"] and "base_jit_cache" not in provenance
+    # What each derived profile still compiles on the node, for the node check.
+    compiled = provenance["compiled_on_node"]
+    assert "served" not in compiled and compiled["llama-3.1-8b-instruct"][0]["name"].startswith(
+        "triton "
+    )
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the parts are tagged x86_64")

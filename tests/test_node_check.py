@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sm120_build.node.check import driver_cuda, driver_problems, main
+from sm120_build.node.check import driver_cuda, driver_problems, first_use_lines, main
 
 # The check reports torch's CUDA and, without --arch, asks torch for the GPU.
 pytest.importorskip("torch", reason="the node check needs torch (nox -s tests installs it)")
@@ -110,6 +110,10 @@ def test_a_matching_pair_passes_and_reports_what_it_checked(
         "archs": ["12.0f"],
         "jit_compiles": 0,
         "modules": [],
+        "first_use": [
+            "what still compiles at first use outside these wheels is recorded per derived "
+            "configuration: run with --profile NAME (none recorded)"
+        ],
         "problems": [],
         "not_checked": [],
     }
@@ -123,7 +127,7 @@ def test_a_matching_pair_passes_and_reports_what_it_checked(
         r"\d+\.\d\d s",
         lines[2],
     )
-    assert len(lines) == 3
+    assert lines[3].startswith("  what still compiles at first use") and len(lines) == 4
     # FlashInfer picks its code paths for the GPU checked for, and may not compile.
     assert os.environ["FLASHINFER_DISABLE_JIT"] == "1"
     assert os.environ["FLASHINFER_CUDA_ARCH_LIST"] == "12.0a"
@@ -259,6 +263,8 @@ def test_without_a_gpu_it_reports_what_needs_none_then_what_it_could_not_check(
     assert output.splitlines() == [
         f"CUDA: torch {torch.version.cuda or 'CPU only'}, jit-cache built with 13.0",
         f"node_check: no GPU arch; flashinfer {VERSION}, jit-cache {VERSION} (12.0f)",
+        "  what still compiles at first use outside these wheels is recorded per derived "
+        "configuration: run with --profile NAME (none recorded)",
         "  NOT CHECKED the 1 recipes' modules were not loaded: no CUDA GPU is visible; on a "
         "machine without one, pass --arch 12.0",
     ]
@@ -388,3 +394,36 @@ def test_without_torch_the_arch_is_still_checked(
         "loads its modules only with it"
     ]
     assert output.startswith("CUDA: torch not installed, jit-cache built with 13.0\n")
+
+
+RECORDED = {
+    "compiled_on_node": {
+        "qwen": [
+            {"name": "triton a.kv_indices", "defined_at": "a.py:1", "loaded_by": ["b.py:2 plan"]},
+            {"name": "triton a.fused_moe", "defined_at": "a.py:9", "loaded_by": []},
+            {"name": "torch.compile m.topk", "defined_at": "m.py:3", "loaded_by": ["t.py:4 r"]},
+        ],
+        "llama": [],
+    }
+}
+
+
+def test_what_still_compiles_is_told_per_compiler_for_a_derived_profile() -> None:
+    assert first_use_lines(RECORDED, "qwen") == [
+        "would compile at first use, Triton: a.kv_indices (from b.py:2 plan)",
+        "would compile at first use, Triton: a.fused_moe (from an unknown site)",
+        "would compile at first use, torch.compile: m.topk (from t.py:4 r)",
+        "not reached by qwen's derivation: DeepGEMM, CuTe DSL, TileLang",
+    ]
+    assert first_use_lines(RECORDED, "llama") == [
+        "not reached by llama's derivation: Triton, DeepGEMM, torch.compile, CuTe DSL, TileLang"
+    ]
+
+
+def test_without_a_derived_profile_the_check_says_how_to_ask_for_one() -> None:
+    for profile in (None, "comm"):
+        assert first_use_lines(RECORDED, profile) == [
+            "what still compiles at first use outside these wheels is recorded per derived "
+            "configuration: run with --profile NAME (llama, qwen)"
+        ]
+    assert first_use_lines({}, None)[0].endswith("--profile NAME (none recorded)")

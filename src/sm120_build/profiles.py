@@ -58,6 +58,31 @@ class Profiles:
         return {name: self.select(name, []) for name in sorted(self.profiles)}
 
 
+DERIVED_FILE = "profiles-derived.toml"
+# The compilers a derived profile names as still compiling on the node, by the word that
+# begins each compiled_on_node entry (derive/replay.py), and how they are called.
+FIRST_USE_COMPILERS = {
+    "triton": "Triton",
+    "deep_gemm": "DeepGEMM",
+    "torch.compile": "torch.compile",
+    "cute_dsl": "CuTe DSL",
+    "tilelang": "TileLang",
+}
+
+
+def compiled_on_node(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """profile -> what the derivation saw compile on the node at first use outside our
+    wheels (Triton, DeepGEMM, torch.compile, CuTe DSL, TileLang), each with where it is
+    defined and where sglang reached it; {} for a stack with no derived profiles."""
+    if not path.is_file():
+        return {}
+    return {
+        name: list(table.get("compiled_on_node", []))
+        for name, table in read_toml(path).get("profiles", {}).items()
+        if "compiled_on_node" in table
+    }
+
+
 def load(path: Path) -> Profiles:
     """profiles.toml and the files its `include = [...]` names (beside it; the derived
     profiles), as one set of recipes and profiles; a name defined twice is refused."""

@@ -27,10 +27,10 @@ from ..errors import UserError
 from ..jit_cache.sources import data_links
 from ..layout import Layout
 from ..pins import Pins, check_plain_name, read_toml
+from ..profiles import DERIVED_FILE as DERIVED_FILE
 from ..sglang_env import environment
 from . import readme
 
-DERIVED_FILE = readme.DERIVED_FILE
 SERVED_FILE = "served-models.toml"
 UNION_PROFILE = "served"
 REPLAY = Path(__file__).with_name("replay.py")

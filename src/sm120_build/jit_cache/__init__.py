@@ -335,6 +335,9 @@ def assemble(
         # Every profile, so that `sm120-node-check --profile NAME` evaluates only recipes
         # the node installed with a checked hash.
         "profiles": profiles.load(layout.profiles_file).recorded(),
+        # What each derived profile still compiles at first use outside these wheels, with
+        # where (profiles-derived.toml): the node check reports it for `--profile NAME`.
+        "compiled_on_node": profiles.compiled_on_node(layout.stack / profiles.DERIVED_FILE),
         "modules": modules,
         "compile_commands": sorted(commands),
     }

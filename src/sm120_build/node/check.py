@@ -32,6 +32,7 @@ from typing import Any
 
 from ..errors import UserError, exit_status
 from ..layout import PROVENANCE_FILE
+from ..profiles import FIRST_USE_COMPILERS
 from .install import add_node_options, disable_jit, install_checked
 from .loads import check
 from .provenance import BUILT, installed_provenance
@@ -157,6 +158,33 @@ def recorded_recipes(jit_cache: dict[str, Any], profile: str | None) -> dict[str
     return recorded[profile]
 
 
+def first_use_lines(jit_cache: dict[str, Any], profile: str | None) -> list[str]:
+    """Per compiler, what the profile's configuration still compiles on this node at first
+    use outside these wheels (as the derivation recorded it, with sglang's call site), and
+    the compilers it did not reach."""
+    recorded: dict[str, list[dict[str, Any]]] = jit_cache.get("compiled_on_node", {})
+    if profile is None or profile not in recorded:
+        return [
+            "what still compiles at first use outside these wheels is recorded per derived "
+            "configuration: run with --profile NAME"
+            + (f" ({', '.join(sorted(recorded))})" if recorded else " (none recorded)")
+        ]
+    by_compiler: dict[str, list[str]] = {}
+    for entry in recorded[profile]:
+        compiler, _, function = str(entry["name"]).partition(" ")
+        sites = entry.get("loaded_by") or ["an unknown site"]
+        by_compiler.setdefault(compiler, []).append(f"{function} (from {sites[0]})")
+    lines = [
+        f"would compile at first use, {FIRST_USE_COMPILERS.get(compiler, compiler)}: {what}"
+        for compiler, functions in by_compiler.items()
+        for what in functions
+    ]
+    unreached = [name for key, name in FIRST_USE_COMPILERS.items() if key not in by_compiler]
+    if unreached:
+        lines.append(f"not reached by {profile}'s derivation: {', '.join(unreached)}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="node_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -237,12 +265,16 @@ def _run(args: argparse.Namespace) -> int:
             results, load_problems = _load_modules(recipes, arch)
             problems += load_problems
     jit = sum(1 for r in results if not r["aot"] and r["module"] is not None)
+    first_use = first_use_lines(jit_cache, args.profile)
+    for line in first_use:
+        print(f"  {line}")
     report = {
         "device": {"major": arch[0], "minor": arch[1], "source": source} if arch else None,
         "versions": versions,
         "archs": archs,
         "jit_compiles": jit,
         "modules": results,
+        "first_use": first_use,
         "problems": problems,
         "not_checked": not_checked,
     }
