@@ -87,6 +87,9 @@ def gen_sm90_only():
 def gen_rope():
     return JitSpec("rope", ["rope.cu"], [], SM120)
 
+def gen_zeta():  # named after sglang's kernels (sgl_kernel_jit_*)
+    return JitSpec("zeta", ["zeta.cu"], [], SM120)
+
 def gen_with_includes():
     return JitSpec("inc", ["i.cu"], [], SM120, extra_include_dirs=["/gen/inc"])
 
@@ -298,3 +301,34 @@ def test_the_child_sorts_modules_by_name_and_passes_each_spec_whole() -> None:
     assert [m["name"] for m in modules] == ["inc", "linked", "rope"]
     assert "-I/gen/inc" in modules[0]["cuda_flags"] and "-DNAME=inc" in modules[0]["cuda_flags"]
     assert modules[1]["device_link"] is True and modules[2]["device_link"] is False
+
+
+@needs_torch
+def test_with_sglang_s_own_environment_each_side_renders_its_own_and_they_merge_by_name(
+    sources: Path, tmp_path: Path
+) -> None:
+    from .test_render_sglang_kernels import FILES, STORE_CALL
+
+    sglang = tmp_path / "sglang-tree"
+    for name, text in FILES.items():
+        (sglang / name).parent.mkdir(parents=True, exist_ok=True)
+        (sglang / name).write_text(text)
+    recipes = {
+        "zeta": "flashinfer.recipes:gen_zeta()",
+        "store": STORE_CALL,
+        "rope": "flashinfer.recipes:gen_rope()",
+    }
+    modules = render(sources, recipes, ARCHS, TOOLKIT, sglang, Path(sys.executable))
+    assert [(m.name, m.recipe) for m in modules] == [
+        ("rope", "rope"),
+        ("sgl_kernel_jit_store_64", "store"),
+        ("zeta", "zeta"),
+    ]
+    # FlashInfer's were rendered by this Python without sglang on the path; sglang's by
+    # sglang's Python (its loader's plain sm_120 for the GPU).
+    assert "-DPATHS=2" in modules[0].cuda_flags
+    assert "-gencode=arch=compute_120,code=sm_120" in modules[1].cuda_flags
+    # Only sglang's kernels: FlashInfer's render is not run at all.
+    elsewhere = tmp_path / "no-flashinfer" / "flashinfer"
+    (only,) = render(elsewhere, {"store": STORE_CALL}, ARCHS, TOOLKIT, sglang, Path(sys.executable))
+    assert only.name == "sgl_kernel_jit_store_64"
