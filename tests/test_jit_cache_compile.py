@@ -32,6 +32,7 @@ from sm120_build.toolkit import Toolkit, probe
 from sm120_build.vendor.state import VendorState, write_state
 
 from .conftest import fresh_root, refusal
+from .test_render import CORE  # FlashInfer's JitSpec, as the render's tests write it
 
 CUDA_HOME = Path("/usr/local/cuda")
 pytestmark = [
@@ -61,19 +62,6 @@ def generate_ninja_build_for_op(name, sources, cflags, cuda_cflags, ldflags, inc
         lines.append(f"build {source}.o: {rule} {source}")
     lines.append(f"build {name}.so: link x.o")
     return "\\n".join(lines) + "\\n"
-"""
-CORE = """\
-from dataclasses import dataclass, field
-
-@dataclass
-class JitSpec:
-    name: str
-    sources: list
-    extra_cflags: list = field(default_factory=list)
-    extra_cuda_cflags: list = field(default_factory=list)
-    extra_ldflags: list = field(default_factory=list)
-    extra_include_dirs: list = field(default_factory=list)
-    needs_device_linking: bool = False
 """
 # The sources are found under flashinfer/data/, as FlashInfer's JIT finds them.
 GENERATORS = """\
