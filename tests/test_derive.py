@@ -144,6 +144,8 @@ def test_the_derived_profiles_are_what_sglang_asks_for() -> None:
     qwen = [entry["name"] for entry in data["qwen3-30b-a3b-fp8"]["compiled_on_node"]]
     assert any(name.startswith("deep_gemm deep_gemm.") for name in qwen)
     assert any("fused_moe_triton_kernels.fused_moe_kernel" in name for name in qwen)
+    # and the sum over its experts is a torch.compile'd function, compiled at its first call
+    assert "torch.compile sglang.srt.layers.moe.fused_moe_triton.fused_moe." in " ".join(qwen)
     kv_index = [
         name
         for profile in data.values()
