@@ -70,6 +70,14 @@ FIRST_USE_COMPILERS = {
 }
 
 
+def first_use(entry: dict[str, Any]) -> tuple[str, str, str]:
+    """(compiler, function, where sglang first reached it) of a compiled_on_node entry,
+    whose name is "<compiler> <function>"."""
+    compiler, _, function = str(entry["name"]).partition(" ")
+    sites = entry.get("loaded_by") or ["an unknown site"]
+    return compiler, function, str(sites[0])
+
+
 def compiled_on_node(path: Path) -> dict[str, list[dict[str, Any]]]:
     """profile -> what the derivation saw compile on the node at first use outside our
     wheels (Triton, DeepGEMM, torch.compile, CuTe DSL, TileLang), each with where it is

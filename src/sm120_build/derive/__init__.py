@@ -24,6 +24,7 @@ from typing import Any
 from ..cache import digest, scratch_directory
 from ..console import say, step
 from ..errors import UserError
+from ..files import replace_text
 from ..jit_cache.sources import data_links
 from ..layout import Layout
 from ..pins import Pins, check_plain_name, read_toml
@@ -356,8 +357,7 @@ def derive_profiles(layout: Layout, pins: Pins, check: bool, configs: list[str])
             status = 1
         else:
             say(f"{DERIVED_FILE} is what sglang {pins.upstream('sglang').version} asks for")
-            current = readme_file.read_text() if readme_file else ""
-            if readme_file and readme.rewritten(current, readme.table(layout.root)) != current:
+            if readme_file is not None and not readme.is_current(readme_file, layout.root):
                 say(
                     f"{readme.README}'s table of what compiles on a node is not the one "
                     f"{DERIVED_FILE} gives: run `nox -s derive_profiles`"
@@ -368,16 +368,12 @@ def derive_profiles(layout: Layout, pins: Pins, check: bool, configs: list[str])
         # than lose every profile to a run in which every replay failed.
         say(f"no configuration derived: {DERIVED_FILE} is left as it was")
     else:
-        partial = target.with_name(f".{target.name}.partial")
-        partial.write_text(text)
-        os.replace(partial, target)
+        replace_text(target, text)
         derived = len(answers) - len(not_servable)
         say(f"wrote {DERIVED_FILE} ({derived} of {len(chosen)} configuration(s) derived now)")
-        if readme_file:
-            updated = readme.rewritten(readme_file.read_text(), readme.table(layout.root))
-            partial = readme_file.with_name(f".{readme_file.name}.partial")
-            partial.write_text(updated)
-            os.replace(partial, readme_file)
+        if readme_file is not None:
+            # After the file above: the table reads every stack's derived file.
+            replace_text(readme_file, readme.regenerated(readme_file, layout.root))
             say(f"rewrote {readme.README}'s table of what compiles on a node")
     if failed:
         kept = [name for name in failed if name in previous.get("profiles", {})]

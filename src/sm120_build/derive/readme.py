@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import UserError
 from ..layout import Layout, stacks
 from ..pins import read_toml
-from ..profiles import DERIVED_FILE, FIRST_USE_COMPILERS
+from ..profiles import DERIVED_FILE, FIRST_USE_COMPILERS, first_use
 
 README = "README.md"
 BEGIN = (
@@ -45,11 +45,10 @@ def _compiled(entries: list[dict[str, Any]]) -> str:
         return "nothing the replay reached"
     lines = []
     for entry in entries:
-        compiler, _, function = str(entry["name"]).partition(" ")
-        sites = entry.get("loaded_by") or ["an unknown site"]
+        compiler, function, site = first_use(entry)
         lines.append(
             f"{FIRST_USE_COMPILERS.get(compiler, compiler)} `{function.rsplit('.', 1)[-1]}` "
-            f"({entry['defined_at']}; from {sites[0]})"
+            f"({entry['defined_at']}; from {site})"
         )
     return "<br>".join(lines)
 
@@ -107,3 +106,14 @@ def rewritten(text: str, section: str) -> str:
             f"{BEGIN}\n{END}\n(put them back where the table of what compiles on a node goes)"
         )
     return text[:start] + section + text[end + len(END) :]
+
+
+def regenerated(readme: Path, root: Path) -> str:
+    """The README's text with the table the checkout's derived files give now."""
+    return rewritten(readme.read_text(), table(root))
+
+
+def is_current(readme: Path, root: Path) -> bool:
+    """Whether the README holds the table the checkout's derived files give."""
+    text = readme.read_text()
+    return rewritten(text, table(root)) == text

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..errors import UserError, exit_status
 from ..layout import PROVENANCE_FILE
-from ..profiles import FIRST_USE_COMPILERS
+from ..profiles import FIRST_USE_COMPILERS, first_use
 from .install import add_node_options, disable_jit, install_checked
 from .loads import check
 from .provenance import BUILT, installed_provenance
@@ -171,9 +171,8 @@ def first_use_lines(jit_cache: dict[str, Any], profile: str | None) -> list[str]
         ]
     by_compiler: dict[str, list[str]] = {}
     for entry in recorded[profile]:
-        compiler, _, function = str(entry["name"]).partition(" ")
-        sites = entry.get("loaded_by") or ["an unknown site"]
-        by_compiler.setdefault(compiler, []).append(f"{function} (from {sites[0]})")
+        compiler, function, site = first_use(entry)
+        by_compiler.setdefault(compiler, []).append(f"{function} (from {site})")
     lines = [
         f"would compile at first use, {FIRST_USE_COMPILERS.get(compiler, compiler)}: {what}"
         for compiler, functions in by_compiler.items()
