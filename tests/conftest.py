@@ -13,6 +13,7 @@ import sys
 import tarfile
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,28 @@ def record_of(files: dict[str, bytes]) -> tuple[str, bytes]:
             rows.append(f"{name},sha256={digest.decode()},{len(data)}\n")
     rows.append(f"{record_name},,\n")
     return record_name, "".join(rows).encode()
+
+
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    """`files` (path relative to `root` -> text) written under `root`, with their
+    directories; `root`."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+@contextmanager
+def sglang_modules_forgotten() -> Iterator[None]:
+    """Every sglang module imported meanwhile (a test's generated sglang, imported in
+    process and patched by the render) forgotten afterwards."""
+    before = set(sys.modules)
+    try:
+        yield
+    finally:
+        for name in set(sys.modules) - before:
+            if name == "sglang" or name.startswith("sglang."):
+                del sys.modules[name]
 
 
 def refusal(call: Callable[..., object], *args: object) -> str:

@@ -31,7 +31,7 @@ from sm120_build.layout import Layout
 from sm120_build.toolkit import Toolkit, probe
 from sm120_build.vendor.state import VendorState, write_state
 
-from .conftest import fresh_root, refusal
+from .conftest import fresh_root, refusal, write_tree
 from .test_render import CORE  # FlashInfer's JitSpec, as the render's tests write it
 
 CUDA_HOME = Path("/usr/local/cuda")
@@ -104,9 +104,7 @@ SGLANG = {"probe": "sglang.jit_kernel.probe:module(2048)"}
 
 def committed(tree: Path, files: dict[str, str], inputs: str) -> None:
     """A vendor tree as `nox -s vendor` leaves it: committed, its state complete."""
-    for name, text in files.items():
-        (tree / name).parent.mkdir(parents=True, exist_ok=True)
-        (tree / name).write_text(text)
+    write_tree(tree, files)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tree)]
     if not (tree / ".git").exists():
         subprocess.run([*git, "init", "-q"], check=True)

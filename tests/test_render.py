@@ -22,6 +22,8 @@ from sm120_build.jit_cache.render import RENDER_ENVIRONMENT, Module, render_envi
 from sm120_build.jit_cache.render import render_modules as render
 from sm120_build.toolkit import Toolkit
 
+from .conftest import write_tree
+
 # The render evaluates each recipe with torch in scope (profiles.specs_of), as the build's
 # render does with pins.toml's [render] requirements; tests_fast on the other Pythons installs
 # no torch.
@@ -309,10 +311,7 @@ def test_with_sglang_s_own_environment_each_side_renders_its_own_and_they_merge_
 ) -> None:
     from .test_render_sglang_kernels import FILES, STORE_CALL
 
-    sglang = tmp_path / "sglang-tree"
-    for name, text in FILES.items():
-        (sglang / name).parent.mkdir(parents=True, exist_ok=True)
-        (sglang / name).write_text(text)
+    sglang = write_tree(tmp_path / "sglang-tree", FILES)
     recipes = {
         "zeta": "flashinfer.recipes:gen_zeta()",
         "store": STORE_CALL,

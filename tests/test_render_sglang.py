@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from .conftest import REPO, sglang_modules_forgotten, write_tree
 
 UTILS = """
 import tvm_ffi.cpp
@@ -100,16 +100,16 @@ def in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
     generated sglang importable, tvm-ffi's build and load restored afterwards, and every
     sglang module imported meanwhile forgotten."""
     extension = pytest.importorskip("tvm_ffi.cpp.extension")
-    sglang = tmp_path / "sglang-tree"
-    for path, text in {
-        sglang / "sglang/jit_kernel/utils.py": UTILS,
-        sglang / "sglang/jit_kernel/probe.py": PROBE
-        + "\nimport sglang.jit_kernel.utils as utils\n\ndef pair(size):\n"
-        + "    pdl = utils.is_arch_support_pdl()\n"
-        + "    return [load_jit('probe', size, pdl), load_jit('other', size, pdl)]\n",
-    }.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    sglang = write_tree(
+        tmp_path / "sglang-tree",
+        {
+            "sglang/jit_kernel/utils.py": UTILS,
+            "sglang/jit_kernel/probe.py": PROBE
+            + "\nimport sglang.jit_kernel.utils as utils\n\ndef pair(size):\n"
+            + "    pdl = utils.is_arch_support_pdl()\n"
+            + "    return [load_jit('probe', size, pdl), load_jit('other', size, pdl)]\n",
+        },
+    )
     monkeypatch.syspath_prepend(str(sglang))
     for name in ("build_ninja", "load_module"):
         monkeypatch.setattr(extension, name, getattr(extension, name))
@@ -120,11 +120,8 @@ def in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
     monkeypatch.setenv("TVM_FFI_CACHE_DIR", str(tmp_path / "tvm-ffi"))
     monkeypatch.setenv("TVM_FFI_GPU_BACKEND", "cuda")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
-    before = set(sys.modules)
-    yield tmp_path
-    for name in set(sys.modules) - before:
-        if name == "sglang" or name.startswith("sglang."):
-            del sys.modules[name]
+    with sglang_modules_forgotten():
+        yield tmp_path
 
 
 def test_the_loader_s_build_files_are_read_in_process_for_the_first_arch(in_process: Path) -> None:

@@ -23,6 +23,8 @@ from sm120_build.jit_cache.arch import Arch
 from sm120_build.jit_cache.render import Module, render_sglang_kernels
 from sm120_build.toolkit import Toolkit
 
+from .conftest import sglang_modules_forgotten, write_tree
+
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("tvm_ffi") is None,
     reason="sglang's loader asks torch for the GPU; the build reads tvm-ffi's paths",
@@ -148,11 +150,7 @@ PAIR_CALL = "sglang.kernels.ops.store:_jit_pair_module(64)"
 
 @pytest.fixture
 def sglang_tree(tmp_path: Path) -> Path:
-    tree = tmp_path / "sglang-tree"
-    for name, text in FILES.items():
-        (tree / name).parent.mkdir(parents=True, exist_ok=True)
-        (tree / name).write_text(text)
-    return tree
+    return write_tree(tmp_path / "sglang-tree", FILES)
 
 
 @pytest.fixture
@@ -160,11 +158,8 @@ def in_process(sglang_tree: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     """The generated sglang importable here, and forgotten afterwards with every module of
     it the render imported (and patched)."""
     monkeypatch.syspath_prepend(str(sglang_tree))
-    before = set(sys.modules)
-    yield sglang_tree
-    for name in set(sys.modules) - before:
-        if name == "sglang" or name.startswith("sglang."):
-            del sys.modules[name]
+    with sglang_modules_forgotten():
+        yield sglang_tree
 
 
 def test_each_recipe_s_modules_are_rendered_once_with_the_target_of_its_arch(
