@@ -41,7 +41,7 @@ def is_sglang_call(call: str) -> bool:
     return call.startswith(PREFIX)
 
 
-def _root() -> Path:
+def installed_root() -> Path:
     """The importable sglang's directory, found without importing it (or from the package
     imported already, which may be a bare namespace of _bare_packages)."""
     imported = sys.modules.get("sglang")
@@ -136,7 +136,7 @@ def _plain_function(fn: Any = None, **_: Any) -> Any:
 def evaluate(call: str, arch: tuple[int, int]) -> Any:
     """Evaluate a recipe's "<module>:<expression>" in that sglang kernel module, for a GPU
     of compute capability `arch`."""
-    root = _root()
+    root = installed_root()
     if not has_kernels_package(root):
         _bare_packages(root, arch[0])
         return _evaluated(call)

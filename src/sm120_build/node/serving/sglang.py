@@ -1,5 +1,6 @@
-"""sglang's own JIT kernels from the jit-cache wheel (patch 0003), through sglang's own
-wrappers as the serving path calls them, against plain-torch references."""
+"""sglang 0.5.9's own JIT kernels (sglang/jit_kernel/) from the jit-cache wheel (patch
+0003), through sglang's own wrappers as the serving path calls them, against plain-torch
+references; a later sglang's (sglang/kernels/) are checked by serving/sglang_kernels.py."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 def check(modules: list[str]) -> list[Row]:
     import torch
+
+    if sglang_kernels.has_kernels_package(sglang_kernels.installed_root()):
+        from . import sglang_kernels as kernels_package
+
+        return kernels_package.check(modules)
 
     sglang_kernels.evaluate("sglang.jit_kernel.utils:None", torch.cuda.get_device_capability())
     rows: list[Row] = []
