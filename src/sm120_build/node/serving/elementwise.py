@@ -147,19 +147,25 @@ def cascade(modules: list[str]) -> list[Row]:
     return rows
 
 
-def _rope_reference(q: Any, positions: Any, cos_sin: Any, head_size: int) -> Any:
-    """neox-style rotation of the first rotary_dim of each head."""
+def _rope_reference(
+    q: Any, positions: Any, cos_sin: Any, head_size: int, is_neox: bool = True
+) -> Any:
+    """Rotation of the first rotary_dim of each head: neox style rotates its two halves,
+    GPT-J style its adjacent pairs."""
     import torch
 
     rotary = cos_sin.shape[1]
     x = q.float().view(q.shape[0], -1, head_size)
     cos, sin = cos_sin[positions].float().chunk(2, dim=-1)
     cos, sin = cos[:, None, :], sin[:, None, :]
-    first, second = x[..., : rotary // 2], x[..., rotary // 2 : rotary]
-    rotated = torch.cat(
-        [first * cos - second * sin, second * cos + first * sin, x[..., rotary:]], -1
-    )
-    return rotated.view(q.shape)
+    part = x[..., :rotary]
+    if is_neox:
+        first, second = part.chunk(2, dim=-1)
+        rotated = torch.cat([first * cos - second * sin, second * cos + first * sin], -1)
+    else:
+        even, odd = part[..., 0::2], part[..., 1::2]
+        rotated = torch.stack([even * cos - odd * sin, odd * cos + even * sin], -1).flatten(-2)
+    return torch.cat([rotated, x[..., rotary:]], -1).view(q.shape)
 
 
 def rope(modules: list[str]) -> list[Row]:

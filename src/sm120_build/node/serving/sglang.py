@@ -13,7 +13,8 @@ from .elementwise import _generator, _randn, _rmsnorm, _rope_reference
 _KVCACHE = re.compile(r"sgl_kernel_jit_kvcache_(\d+)_(true|false)")
 _QKNORM = re.compile(r"sgl_kernel_jit_qknorm_(\d+)_(true|false)_(bf16|fp16)_t")
 _ROPE = "sgl_kernel_jit_apply_rope_pos_ids_cos_sin_cache"
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+# make_cpp_args' spelling of a dtype in a module name (both kernel layouts).
+DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def check(modules: list[str]) -> list[Row]:
@@ -30,7 +31,7 @@ def check(modules: list[str]) -> list[Row]:
         if match := _KVCACHE.fullmatch(module):
             rows += _kvcache(module, int(match.group(1)))
         elif match := _QKNORM.fullmatch(module):
-            rows += _qknorm(module, int(match.group(1)), _DTYPES[match.group(3)])
+            rows += _qknorm(module, int(match.group(1)), DTYPES[match.group(3)])
         elif module == _ROPE:
             rows += _rope(module)
     return rows

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from . import TOLERANCES, Row, compare
-from .elementwise import _generator, _randn, _rmsnorm
+from .elementwise import _generator, _randn, _rmsnorm, _rope_reference
+from .sglang import DTYPES
 
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 _KVCACHE = re.compile(r"sgl_kernel_jit_kvcache_(\d+)_(\d+)_\d+_(?:true|false)")
 _FUSED_ROPE = re.compile(
     r"sgl_kernel_jit_fused_rope_(true|false)_(\d+)_(?:true|false)_(bf16|fp16)_t_(bf16|fp16)_t"
@@ -30,31 +30,26 @@ _ACTIVATION = re.compile(r"sgl_kernel_jit_activation_(bf16|fp16)_t_(?:true|false
 _GROUP_QUANT = re.compile(
     r"sgl_kernel_jit_per_token_group_quant_(bf16|fp16)_t_fp8_e4m3_t_(\d+)_false_(true|false)_true_false_(?:true|false)_flat"
 )
-_TREE = "sgl_kernel_jit_speculative_tree"
+_TREE = re.compile(r"sgl_kernel_jit_speculative_tree")
 EXACT = (0.0, 0.0)  # a copy, an index, a mask
 
 
 def check(modules: list[str]) -> list[Row]:
-    rows: list[Row] = []
-    for module in modules:
-        rows += _check_of(module)(module)
-    return rows
-
-
-def _check_of(module: str) -> Callable[[str], list[Row]]:
     cases: list[tuple[re.Pattern[str], Callable[[str, re.Match[str]], list[Row]]]] = [
         (_KVCACHE, _kvcache),
         (_FUSED_ROPE, _fused_rope),
         (_QKNORM, _qknorm),
         (_ACTIVATION, _activation),
         (_GROUP_QUANT, _group_quant),
+        (_TREE, _tree),
     ]
-    for pattern, case in cases:
-        if match := pattern.fullmatch(module):
-            return lambda name, case=case, match=match: case(name, match)  # type: ignore[misc]
-    if module == _TREE:
-        return _tree
-    return lambda name: []
+    rows: list[Row] = []
+    for module in modules:
+        for pattern, case in cases:
+            if match := pattern.fullmatch(module):
+                rows += case(module, match)
+                break
+    return rows
 
 
 def _kvcache(module: str, match: re.Match[str]) -> list[Row]:
@@ -86,20 +81,6 @@ def _kvcache(module: str, match: re.Match[str]) -> list[Row]:
     return rows
 
 
-def _rotated(x: Any, positions: Any, cos_sin: Any, is_neox: bool) -> Any:
-    """RoPE over the last dimension: neox rotates the two halves, GPT-J adjacent pairs."""
-    import torch
-
-    cos, sin = cos_sin[positions].float().chunk(2, dim=-1)
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    x = x.float()
-    if is_neox:
-        first, second = x.chunk(2, dim=-1)
-        return torch.cat([first * cos - second * sin, second * cos + first * sin], -1)
-    even, odd = x[..., 0::2], x[..., 1::2]
-    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], -1).flatten(-2)
-
-
 def _fused_rope(module: str, match: re.Match[str]) -> list[Row]:
     """apply_rope_with_cos_sin_cache_inplace, alone and with the KV store fused, as
     sglang's rotary embedding calls it (kernels/ops/attention/rope.py:170, :213)."""
@@ -108,7 +89,7 @@ def _fused_rope(module: str, match: re.Match[str]) -> list[Row]:
 
     caller = "sglang/kernels/ops/attention/rope.py:213"
     is_neox, rope_dim = match.group(1) == "true", int(match.group(2))
-    dtype, q_dtype = _DTYPES[match.group(3)], _DTYPES[match.group(4)]
+    dtype, q_dtype = DTYPES[match.group(3)], DTYPES[match.group(4)]
     gen = _generator(rope_dim + is_neox)
     tokens, q_heads, kv_heads = 131, 16, 4
     positions = torch.randint(0, 4096, (tokens,), generator=gen, device="cuda")
@@ -118,10 +99,8 @@ def _fused_rope(module: str, match: re.Match[str]) -> list[Row]:
     q = _randn(gen, tokens, q_heads, rope_dim, dtype=q_dtype)
     k = _randn(gen, tokens, kv_heads, rope_dim, dtype=dtype)
     v = _randn(gen, tokens, kv_heads, rope_dim, dtype=dtype)
-    want_q, want_k = (
-        _rotated(q, positions, cos_sin, is_neox),
-        _rotated(k, positions, cos_sin, is_neox),
-    )
+    want_q = _rope_reference(q, positions, cos_sin, rope_dim, is_neox)
+    want_k = _rope_reference(k, positions, cos_sin, rope_dim, is_neox)
     plain_q, plain_k = q.clone(), k.clone()
     rope.apply_rope_with_cos_sin_cache_inplace(
         plain_q, plain_k, cos_sin, positions, is_neox=is_neox
@@ -159,7 +138,7 @@ def _qknorm(module: str, match: re.Match[str]) -> list[Row]:
     from sglang.kernels.ops.layernorm.norm import fused_inplace_qknorm
 
     caller = "sglang/srt/models/utils.py:521"
-    head_dim, dtype = int(match.group(1)), _DTYPES[match.group(2)]
+    head_dim, dtype = int(match.group(1)), DTYPES[match.group(2)]
     rows = []
     for tokens in (1, 77):
         gen = _generator(head_dim + tokens)
@@ -191,7 +170,7 @@ def _activation(module: str, match: re.Match[str]) -> list[Row]:
     from sglang.kernels.ops.activation.activation import silu_and_mul
 
     caller = "sglang/kernels/ops/activation/activation.py:66"
-    dtype = _DTYPES[match.group(1)]
+    dtype = DTYPES[match.group(1)]
     rows = []
     for tokens, hidden in ((1, 4096), (83, 2560), (256, 1536)):
         gen = _generator(tokens + hidden)
@@ -227,7 +206,7 @@ def _group_quant(module: str, match: re.Match[str]) -> list[Row]:
     from sglang.kernels.ops.quantization.per_token_group_quant import per_token_group_quant
 
     caller = "sglang/kernels/ops/quantization/per_token_group_quant.py:124"
-    dtype, group = _DTYPES[match.group(1)], int(match.group(2))
+    dtype, group = DTYPES[match.group(1)], int(match.group(2))
     column_major = match.group(3) == "false"
     layout = "col" if column_major else "row"
     rows = []
@@ -378,7 +357,7 @@ def _greedy(
     return {"predicts": predicts, "accept_index": accept_index, "accept_token_num": accept_num}
 
 
-def _tree(module: str) -> list[Row]:
+def _tree(module: str, _: re.Match[str]) -> list[Row]:
     """build_tree_kernel_efficient as speculative/eagle_utils.py:213 calls it (full mask),
     then verify_tree_greedy on the tree it built, for MTP's chain (topk 1) and a branching
     EAGLE tree (topk 4), each against the kernels' own algorithm in plain Python."""
@@ -393,9 +372,9 @@ def _tree(module: str) -> list[Row]:
         parents, chosen = _eagle_tree(topk, depth, draft, seq_lens, seed=topk)
         parent_list = torch.tensor(parents, device="cuda")
         selected = torch.tensor(chosen, device="cuda")
-        mask = torch.ones(
-            sum(seq_lens) * draft + draft * draft * bs, dtype=torch.bool, device="cuda"
-        )
+        want = _built_tree(parents, chosen, seq_lens, topk, draft)
+        # The full-mask buffer as eagle_utils.py allocates it: all True, of the reference's size.
+        mask = torch.ones(len(want["tree_mask"]), dtype=torch.bool, device="cuda")
         positions = torch.empty(bs * draft, dtype=torch.long, device="cuda")
         index, next_token, next_sibling = torch.full(
             (3, bs, draft), -1, dtype=torch.long, device="cuda"
@@ -415,7 +394,6 @@ def _tree(module: str) -> list[Row]:
             draft,
             0,
         )
-        want = _built_tree(parents, chosen, seq_lens, topk, draft)
         shape = f"topk{topk}/depth{depth}/draft{draft}"
         for name, got in (
             ("tree_mask", mask),
