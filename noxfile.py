@@ -151,8 +151,30 @@ def _sm120_build(session: nox.Session, command: str, *requirements: str) -> None
     if HELP_ONLY:
         _help(session, "-m", "sm120_build", command)
         return
+    _refuse_unknown_platform(session.posargs)
     _install(session, *requirements)
     session.run("sm120-build", command, *session.posargs)
+
+
+def _refuse_unknown_platform(posargs: list[str]) -> None:
+    """A --platform the build cannot target stops the session before it installs (fetches)
+    anything, with the list of those it can (hosts.py)."""
+    asked = [
+        value
+        for option, value in zip(["", *posargs], posargs, strict=False)
+        if option == "--platform"
+    ] + [arg.split("=", 1)[1] for arg in posargs if arg.startswith("--platform=")]
+    sys.path.insert(0, str(SRC))
+    try:
+        from sm120_build.errors import UserError
+        from sm120_build import hosts
+
+        for name in asked:
+            hosts.parse(name)
+    except UserError as exc:
+        sys.exit(f"nox: {exc}")
+    finally:
+        sys.path.remove(str(SRC))
 
 
 _COMMON = (
@@ -274,6 +296,8 @@ def build_wheels(session: nox.Session) -> None:
     -- --cuda-home PATH              a system CUDA toolkit instead of the pinned pip one
     -- --base-jit-cache WHEEL        keep another jit-cache wheel's modules (checked first)
     -- --glibc-baseline X.Y          refuse a jit-cache wheel tagged for a newer glibc
+    -- --platform aarch64            cross-build for aarch64 hosts (DGX Spark) into
+                                     wheelhouse-aarch64/ (default: x86_64, into wheelhouse/)
     -- --sign-key KEY                sign each wheel's provenance (Ed25519 PEM; or SM120_SIGN_KEY)
     {common}
     """
@@ -285,7 +309,7 @@ def plan_shards(session: nox.Session) -> None:
     """Split a build over N machines: print which modules each shard compiles.
 
     -- --shards N [--profile NAME] [--module NAME] [--arch ARCH] [--cuda-home PATH]
-       [--base-jit-cache WHEEL] [--github-output FILE]
+       [--base-jit-cache WHEEL] [--platform HOST] [--github-output FILE]
     Balanced by ci/module-costs.json (nox -s bench refreshes it); every shard computes the
     same plan, so this is for people and CI matrices, not an input of build_shard.
     {common}
@@ -315,8 +339,8 @@ def shard_matrix(session: nox.Session) -> None:
 def build_shard(session: nox.Session) -> None:
     """Compile shard I of N into shards/I-of-N/ (one machine of a sharded build).
 
-    -- --shard I/N, and the same --profile/--module/--arch/--cuda-home/--base-jit-cache on
-    every shard.
+    -- --shard I/N, and the same --profile/--module/--arch/--cuda-home/--base-jit-cache/
+    --platform on every shard.
     Point sccache at a shared backend with its own SCCACHE_* variables (docs/cache.md).
     {common}
     """
@@ -387,7 +411,7 @@ def bench(session: nox.Session) -> None:
     """Benchmark: cold build time by stage, no-op rebuild time, wheel sizes (not a test).
 
     -- [--profile NAME] [--module NAME] [--arch ARCH] [--cuda-home PATH]
-       [--base-jit-cache WHEEL] [--sample N] [--shards N] [--verbose]
+       [--base-jit-cache WHEEL] [--platform HOST] [--sample N] [--shards N] [--verbose]
     """
     if HELP_ONLY:
         _help(session, "-m", "sm120_build.bench")

@@ -52,13 +52,41 @@ def test_the_cuda_legs_do_not_block_each_other_and_never_race() -> None:
     """A 12.9 failure used to block the 13.0 release (one merge needed the whole matrix),
     and two releases raced for the one sm120 runner."""
     legs = jobs(REPO / "ci" / "github" / "workflows" / "release.yml")
-    assert set(legs) == {"cu130", "cu129"}
+    assert set(legs) == {"cu130", "cu129", "cu130-aarch64"}
     for leg in legs.values():
         assert leg["uses"] == "./.github/workflows/leg.yml"
         assert "needs" not in leg
         assert leg["concurrency"]["cancel-in-progress"] is False
     groups = {leg["concurrency"]["group"] for leg in legs.values()}
-    assert len(groups) == 2
+    assert len(groups) == 3
+
+
+def test_the_aarch64_leg_cross_builds_and_verifies_on_an_aarch64_node() -> None:
+    """Its shards and merge are the x86_64 runners' (--platform aarch64), its artifacts
+    named apart from the x86_64 leg's, its verify job on an arm64 SM121 runner."""
+    legs = jobs(REPO / "ci" / "github" / "workflows" / "release.yml")
+    aarch64 = legs["cu130-aarch64"]["with"]
+    assert (
+        aarch64["platform"] == "aarch64" and aarch64["image"] == "${{ vars.CROSS_AARCH64_IMAGE }}"
+    )
+    # What the Debian 12 cross glibc gives (dlopen@GLIBC_2.34), refused above it.
+    assert aarch64["glibc-baseline"] == "2.34"
+    assert yaml.safe_load(aarch64["verify-runner"]) == ["self-hosted", "linux", "arm64", "sm121"]
+    assert all("platform" not in legs[name]["with"] for name in ("cu130", "cu129"))
+    leg = jobs(REPO / "ci" / "github" / "workflows" / "leg.yml")
+    (build,) = [step["run"] for step in leg["build"]["steps"] if "run" in step]
+    assert '--platform "${{ inputs.platform }}"' in build
+    assert leg["verify"]["runs-on"] == "${{ fromJSON(inputs.verify-runner) }}"
+    uploads = [
+        step["with"]
+        for job in ("build", "merge")
+        for step in leg[job]["steps"]
+        if "upload-artifact" in step.get("uses", "")
+    ]
+    assert all("${{ inputs.platform }}" in upload["name"] for upload in uploads)
+    workflow = yaml.safe_load((REPO / "ci" / "github" / "workflows" / "leg.yml").read_text())
+    inputs = workflow[True]["workflow_call"]["inputs"]  # YAML 1.1 reads `on` as true
+    assert inputs["platform"]["default"] == "x86_64"
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
@@ -78,7 +106,9 @@ def test_the_plan_installs_nothing_heavy_and_builds_run_on_the_baseline_image() 
     assert "nox -s shard_matrix" in plan
     assert leg["build"]["container"] == leg["merge"]["container"] == "${{ inputs.image }}"
     (merge,) = [step["run"] for step in leg["merge"]["steps"] if "run" in step]
-    assert "--glibc-baseline 2.28" in merge
+    assert '--glibc-baseline "${{ inputs.glibc-baseline }}"' in merge
+    workflow = yaml.safe_load((REPO / "ci" / "github" / "workflows" / "leg.yml").read_text())
+    assert workflow[True]["workflow_call"]["inputs"]["glibc-baseline"]["default"] == "2.28"
     verify = " ".join(step["run"] for step in leg["verify"]["steps"] if "run" in step)
     assert "python3 -m venv --system-site-packages" in verify
 

@@ -108,6 +108,7 @@ def test_a_matching_pair_passes_and_reports_what_it_checked(
         "device": {"major": 12, "minor": 0, "source": "--arch"},
         "versions": {"flashinfer-jit-cache": VERSION, "flashinfer-python": VERSION},
         "archs": ["12.0f"],
+        "hosts": {},
         "jit_compiles": 0,
         "modules": [],
         "first_use": [

@@ -278,7 +278,17 @@ def _lock_node(layout: Layout, args: argparse.Namespace) -> None:
     if args.pylock_index:
         pylock.write_pylock(layout.wheelhouse, args.pylock_index)
         return
-    node_lock.lock_node(layout.wheelhouse, args.python_version, args.platform)
+    # The wheelhouse of the platform's host CPU: wheelhouse-aarch64/ for aarch64-manylinux_2_Y.
+    wheelhouse = None
+    if args.platform:
+        node_lock.Target(args.python_version, args.platform)  # a malformed one named first
+        wheelhouse = layout.wheelhouse_for(args.platform.split("-")[0])
+    if wheelhouse is not None and not wheelhouse.is_dir():
+        raise UserError(
+            f"{layout.shown(wheelhouse)}/ does not exist: build it first (nox -s build_wheels -- "
+            f"--platform {args.platform.split('-')[0]})"
+        )
+    node_lock.lock_node(wheelhouse or layout.wheelhouse, args.python_version, args.platform)
 
 
 def build_parser() -> argparse.ArgumentParser:

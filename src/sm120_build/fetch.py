@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from . import index
@@ -49,9 +50,10 @@ _PINNED_WHEEL = re.compile(
 )
 
 
-def fetch_pinned_wheel(spec: str, cache: Path) -> Path:
+def fetch_pinned_wheel(spec: str, cache: Path, platforms: Sequence[str] = ()) -> Path:
     """A wheel given as a path, or as "NAME==VERSION --hash=sha256:HEX", downloaded through
-    pip with --require-hashes into cache/wheels/<sha256>/ once."""
+    pip with --require-hashes into cache/wheels/<sha256>/ once. `platforms`: pip's --platform
+    tags, for a wheel of another host than this one (pip takes each tag literally)."""
     if spec.endswith(".whl"):
         path = Path(spec).resolve()
         if not path.is_file():
@@ -71,9 +73,10 @@ def fetch_pinned_wheel(spec: str, cache: Path) -> Path:
             return found[0]
     with scratch_directory(cache / "wheels", "download") as scratch:  # makes cache/wheels
         say(f"fetching {match['requirement']} through pip")
-        (scratch / "requirements.txt").write_text(f"{spec.strip()}\n")
+        (scratch / "requirements.txt").write_text(" ".join(spec.split()) + "\n")
         result = pip_download(
             scratch / "out",
+            *(option for tag in platforms for option in ("--platform", tag)),
             "--only-binary",
             ":all:",
             "--require-hashes",

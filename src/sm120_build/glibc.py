@@ -19,6 +19,16 @@ from .errors import UserError
 _GLIBC = re.compile(r"^GLIBC_(\d+)\.(\d+)$")
 
 
+def manylinux_platforms(arch: str, newest_glibc_minor: int) -> list[str]:
+    """pip's --platform values for a machine of `arch` with glibc 2.<newest>: pip takes each
+    tag literally, so every older manylinux a wheel may carry is listed (manylinux2014 is
+    manylinux_2_17)."""
+    tags = [f"manylinux_2_{minor}_{arch}" for minor in range(newest_glibc_minor, 4, -1)]
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    older = [name for minor, name in legacy.items() if minor <= newest_glibc_minor]
+    return tags + [f"{name}_{arch}" for name in older]
+
+
 def glibc_symbols(data: bytes) -> dict[tuple[int, int], set[str]]:
     """glibc version -> the undefined symbols of one ELF binary that ask for it."""
     from elftools.elf.elffile import ELFFile

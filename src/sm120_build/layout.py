@@ -74,6 +74,11 @@ class Layout:
     def wheelhouse(self) -> Path:
         return self.stack / "wheelhouse"
 
+    def wheelhouse_for(self, host: str) -> Path:
+        """The wheelhouse of the nodes with `host` CPUs: wheelhouse/ for x86_64 (the default
+        host, jit_cache/host.py), wheelhouse-<host>/ beside it for another."""
+        return self.wheelhouse if host == "x86_64" else self.stack / f"wheelhouse-{host}"
+
     @property
     def shards(self) -> Path:
         return self.stack / "shards"

@@ -24,6 +24,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from .console import say, step
 from .errors import UserError
+from .glibc import manylinux_platforms
 from .index import Sources, pip_sources
 from .sums import checked_wheels
 
@@ -66,10 +67,7 @@ class Target:
         manylinux a wheel may carry is listed (manylinux2014 is manylinux_2_17)."""
         match = _PLATFORM.match(self.platform)
         assert match is not None
-        arch, newest = match["arch"], int(match["glibc"])
-        tags = [f"manylinux_2_{minor}_{arch}" for minor in range(newest, 4, -1)]
-        legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
-        return tags + [f"{name}_{arch}" for minor, name in legacy.items() if minor <= newest]
+        return manylinux_platforms(match["arch"], int(match["glibc"]))
 
     def describe(self) -> str:
         return f"CPython {self.python_version}, {self.platform}"

@@ -6,17 +6,32 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import attest, profiles
+from . import attest, hosts, pins, profiles
+from .errors import UserError
 from .jit_cache import DEFAULT_ARCHS, Arch, KernelRequest
 from .layout import Layout, stack_name
 
 
 def kernel_request(layout: Layout, args: argparse.Namespace) -> KernelRequest:
-    """--profile, --module, --arch and --cuda-home, checked before anything runs."""
+    """--profile, --module, --arch, --cuda-home and --platform, checked before anything runs:
+    another host's cross compilers and pinned runtime too."""
     recipes = profiles.load(layout.profiles_file).select(args.profile, args.module or [])
     archs = [Arch.parse(text) for text in args.arch or DEFAULT_ARCHS]
+    target = hosts.parse(args.platform)
+    if hosts.compilers(target) is not None:
+        pins.load(layout.pins_file).cross_pins(target.name, layout.pins_file)
+        if args.cuda_home is not None:
+            raise UserError(
+                f"--platform {target.name} cross-compiles with the pinned pip toolkit, whose "
+                "cudart release the pinned aarch64 runtime matches; drop --cuda-home"
+            )
     return KernelRequest(
-        recipes, archs, args.cuda_home, args.base_jit_cache, getattr(args, "glibc_baseline", None)
+        recipes,
+        archs,
+        args.cuda_home,
+        args.base_jit_cache,
+        getattr(args, "glibc_baseline", None),
+        target.name,
     )
 
 
@@ -39,6 +54,7 @@ def build_parameters(layout: Layout, args: argparse.Namespace) -> dict[str, obje
         "modules": getattr(args, "module", None) or [],
         "archs": getattr(args, "arch", None) or list(DEFAULT_ARCHS),
         "cuda_home": str(args.cuda_home) if getattr(args, "cuda_home", None) else None,
+        "platform": getattr(args, "platform", None) or hosts.DEFAULT,
         "base_jit_cache": getattr(args, "base_jit_cache", None),
         "glibc_baseline": getattr(args, "glibc_baseline", None),
     }
@@ -70,6 +86,14 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="PATH",
         help="use this system CUDA toolkit instead of the pinned pip toolkit",
+    )
+    parser.add_argument(
+        "--platform",
+        default=hosts.DEFAULT,
+        metavar="HOST",
+        help=f"the nodes' host CPU, one of {', '.join(hosts.HOSTS)} (default: "
+        f"{hosts.DEFAULT}); another than this machine's is cross-compiled, into "
+        "wheelhouse-HOST/ (docs/aarch64.md)",
     )
     parser.add_argument(
         "--base-jit-cache",

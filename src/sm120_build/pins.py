@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,11 +85,33 @@ class Companion:
 
 
 @dataclass(frozen=True)
+class CrossPins:
+    """What a build for another host CPU takes from that host's wheels (jit_cache/host.py),
+    each "NAME==VERSION --hash=sha256:HEX ...": NVIDIA's CUDA runtime (the toolkit's own
+    cudart release), and apache-tvm-ffi (the build's release)."""
+
+    cuda_runtime: str
+    tvm_ffi: str
+
+
+@dataclass(frozen=True)
 class Pins:
     upstreams: dict[str, Upstream]
     toolkit_requirement: str
     companions: dict[str, Companion]
     build_requirements: list[str]
+    cross: dict[str, CrossPins] = field(default_factory=dict)  # host name -> its wheels
+
+    def cross_pins(self, host: str, pins_file: Path) -> CrossPins:
+        try:
+            return self.cross[host]
+        except KeyError:
+            raise UserError(
+                f"{pins_file} pins no CUDA runtime for {host} hosts: add [cross.{host}] with "
+                'cuda_runtime = "nvidia-cuda-runtime==<the toolkit\'s cudart> --hash=sha256:<hex>" '
+                'and tvm_ffi = "apache-tvm-ffi==<the [build] pin> --hash=sha256:<hex> ..." '
+                "(the sha256 of each of their manylinux wheels for that host). Nothing was fetched."
+            ) from None
 
     def upstream(self, name: str) -> Upstream:
         try:
@@ -265,6 +287,9 @@ def load(path: Path) -> Pins:
         companions[name] = Companion(name, table["version"], tuple(hashes))
     build = _table(data, "build", path)
     render = _table(data, "render", path)
+    cross = {
+        host: _cross_pins(host, table, path) for host, table in _table(data, "cross", path).items()
+    }
     return Pins(
         upstreams=upstreams,
         toolkit_requirement=toolkit,
@@ -274,4 +299,21 @@ def load(path: Path) -> Pins:
             *_strings(build.get("requirements", []), "[build] requirements", path),
             *_strings(render.get("requirements", []), "[render] requirements", path),
         ],
+        cross=cross,
     )
+
+
+_PINNED_WHEEL = re.compile(r"[A-Za-z0-9_.-]+==\S+(?:\s+--hash=sha256:[0-9a-f]{64})+")
+
+
+def _cross_pins(host: str, table: object, path: Path) -> CrossPins:
+    fields = {}
+    for key in ("cuda_runtime", "tvm_ffi"):
+        value = table.get(key) if isinstance(table, dict) else None
+        if not (isinstance(value, str) and _PINNED_WHEEL.fullmatch(value.strip())):
+            raise UserError(
+                f'{path}: [cross.{host}] {key} must be "NAME==VERSION --hash=sha256:<64 hex>" '
+                "(one --hash per wheel)"
+            )
+        fields[key] = value.strip()
+    return CrossPins(**fields)

@@ -12,11 +12,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import attest, audit, fetch, jit_cache, toolkit, vendor, wheel_upstream, wheels
-from .cache import cached_wheel, digest, files_digest, scratch_directory, store_wheel
+from . import attest, audit, fetch, glibc, hosts, jit_cache, toolkit, vendor, wheel_upstream, wheels
+from .cache import cached_wheel, digest, files_digest, scratch_directory, sha256_of, store_wheel
 from .console import say, step
 from .errors import UserError
 from .jit_cache import KernelRequest, Part, ShardSpec
+from .jit_cache.cmake import check_tvm_ffi_headers
 from .layout import Layout
 from .pins import Pins, Upstream
 from .tool_wheel import build_tool_wheel
@@ -207,7 +208,33 @@ def _toolkit(layout: Layout, pins: Pins, request: KernelRequest) -> tuple[toolki
         cuda = toolkit.probe(request.cuda_home.resolve())
         source = f"system: {request.cuda_home.resolve()}"
     jit_cache.check_archs(request.archs, cuda)  # before anything compiles
+    if hosts.compilers(hosts.parse(request.platform)) is not None:
+        return _cross_toolkit(layout, pins, request.platform, cuda, source)
     return cuda, source
+
+
+# The newest glibc a cross-build's pinned wheels may ask for: the manylinux_2_28 promise.
+_CROSS_GLIBC_MINOR = 28
+
+
+def _cross_toolkit(
+    layout: Layout, pins: Pins, host: str, cuda: toolkit.Toolkit, source: str
+) -> tuple[toolkit.Toolkit, str]:
+    """The pinned pip toolkit for another host CPU: with that host's CUDA runtime, of the
+    toolkit's own cudart release, after the build's tvm-ffi headers are found to be those of
+    the release the nodes load (both wheels hash-pinned in [cross.<host>])."""
+    wanted = pins.cross_pins(host, layout.pins_file)
+    platforms = glibc.manylinux_platforms(host, _CROSS_GLIBC_MINOR)
+    runtime = fetch.fetch_pinned_wheel(wanted.cuda_runtime, layout.cache, platforms)
+    release = toolkit.cudart_release(cuda)
+    if runtime.name.split("-")[1] != release:
+        raise UserError(
+            f"{layout.pins_file} [cross.{host}] pins {runtime.name}, but the toolkit's cudart is "
+            f"nvidia-cuda-runtime {release}: pin that release's {host} wheel"
+        )
+    check_tvm_ffi_headers(fetch.fetch_pinned_wheel(wanted.tvm_ffi, layout.cache, platforms))
+    cross = toolkit.cross_toolkit(cuda, host, runtime)
+    return cross, f"{source}; {host} cudart: {runtime.name} sha256:{sha256_of(runtime)}"
 
 
 def _wheelhouse(
@@ -240,19 +267,16 @@ def _wheelhouse(
         }
         envelopes = attest.write_envelopes(layout, pins, run, built, tool)
         companions = list(pins.companions.values())
+        wheelhouse = layout.wheelhouse_for(platform)
         wheels.assemble_wheelhouse(
             built,
             companions,
             _companion_wheels(pins, layout.cache),
-            layout.wheelhouse,
+            wheelhouse,
             envelopes,
         )
         lap("wheelhouse")
-    where = (
-        layout.wheelhouse.relative_to(layout.root)
-        if layout.wheelhouse.is_relative_to(layout.root)
-        else layout.wheelhouse
-    )
+    where = layout.shown(wheelhouse)
     say(f"wrote {where}/:")
     for name in [*(wheel.name for wheel in built), "SHA256SUMS", "requirements.txt"]:
         say(f"  {name}")
@@ -377,4 +401,6 @@ def merge_shards(
             "merge them in the checkout (same commit) that built them"
         )
     say(f"merging {len(parts)} shard(s), {sum(len(p.record['modules']) for p in parts)} modules")
-    _wheelhouse(layout, pins, parts, base_jit_cache, _Laps(), run, glibc_baseline)
+    _wheelhouse(
+        layout, pins, parts, base_jit_cache, _Laps(), run, glibc_baseline, parts[0].record["host"]
+    )

@@ -10,10 +10,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
+import zipfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from .cache import scratch_directory, store_entry, verified_entry
 from .console import step
@@ -130,3 +132,51 @@ def pip_toolkit(requirement: str, cache: Path) -> Toolkit:
             _make_shim(cuda_roots[0], scratch / "entry" / "home")
             store_entry(scratch / "entry", entry)
     return probe(entry / "home")
+
+
+def cudart_release(cuda: Toolkit) -> str | None:
+    """The nvidia-cuda-runtime release a pip toolkit installed, None for a system toolkit."""
+    found = sorted((cuda.home.parent / "site").glob("nvidia_cuda_runtime-*.dist-info"))
+    if not found:
+        return None
+    return found[0].name.removeprefix("nvidia_cuda_runtime-").removesuffix(".dist-info")
+
+
+def cross_toolkit(cuda: Toolkit, host: str, runtime_wheel: Path) -> Toolkit:
+    """The pip toolkit `cuda` as a CUDA_HOME for `host` CPUs: its nvcc, headers and NVVM, with
+    lib64/ holding that host's CUDA runtime from `runtime_wheel` (nvidia-cuda-runtime's wheel
+    for it). nvcc and CMake take lib64/ under the CUDA_HOME they are run from, so both link
+    the host's cudart. Made again at a fixed path beside the toolkit on every call (a second
+    or two, under the cache's lock): the path reaches the flags, and links out of a cache
+    entry would void its manifest."""
+    if cudart_release(cuda) is None:
+        raise UserError(
+            f"a build for {host} hosts takes its CUDA runtime from pins.toml's hash-pinned "
+            f"wheel, which matches only the pinned pip toolkit; {cuda.home} is a system "
+            "toolkit. Drop --cuda-home."
+        )
+    entry = cuda.home.parent
+    target = entry.parent / f"{entry.name}-{host}"
+    with scratch_directory(entry.parent, f"toolkit-{host}") as scratch:
+        # Absolute links: the directory moves from the scratch to its place, and is made
+        # again by every build, so it never outlives a move of the cache.
+        home = scratch / "cross" / "home"
+        (home / "bin").mkdir(parents=True)
+        for program in sorted((cuda.home / "bin").iterdir()):
+            (home / "bin" / program.name).symlink_to(program.resolve())
+        for name in ("include", "nvvm"):
+            (home / name).symlink_to((cuda.home / name).resolve())
+        lib = home / "lib64"
+        lib.mkdir()
+        with zipfile.ZipFile(runtime_wheel) as wheel:
+            for info in wheel.infolist():
+                path = PurePosixPath(info.filename)
+                if len(path.parts) == 4 and path.parts[0] == "nvidia" and path.parts[2] == "lib":
+                    (lib / path.name).write_bytes(wheel.read(info))
+        for library in sorted(lib.glob("lib*.so.*")):
+            library.with_name(library.name.split(".so.")[0] + ".so").symlink_to(library.name)
+        if not (lib / "libcudart_static.a").is_file():
+            raise UserError(f"{runtime_wheel.name} holds no lib/libcudart_static.a for {host}")
+        shutil.rmtree(target, ignore_errors=True)
+        (scratch / "cross").rename(target)
+    return probe(target / "home")

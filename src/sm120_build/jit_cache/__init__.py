@@ -24,7 +24,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import fetch, glibc, profiles, sglang_env, toolkit, vendor, wheels
+from .. import fetch, glibc, hosts, profiles, sglang_env, toolkit, vendor, wheels
 from ..cache import (
     cached_wheel,
     digest,
@@ -88,7 +88,7 @@ class KernelRequest:
     cuda_home: Path | None = None
     base_jit_cache: str | None = None  # a wheel path, or "NAME==VERSION --hash=sha256:HEX"
     glibc_baseline: str | None = None  # refuse a jit-cache needing a newer glibc, e.g. "2.28"
-    platform: str = "x86_64"  # the nodes' host CPU: which upstream wheels are patched
+    platform: str = hosts.DEFAULT  # the nodes' host CPU (hosts.HOSTS): what the modules run on
 
 
 def check_paths(layout: Layout, request: KernelRequest) -> None:
@@ -138,7 +138,7 @@ def part_keys(
         vendor.current_inputs(layout.vendor / "flashinfer"),
         toolkit_source,
         cuda.full_version,
-        cmake.host_compilers(),
+        cmake.host_compilers(hosts.compilers(hosts.parse(request.platform))),
         platform.python_version(),  # its headers are on every module's include path
         pins.build_requirements,
         # The kernel project's build files shape every module; its Python package (the
@@ -146,7 +146,10 @@ def part_keys(
         files_digest(
             [layout.kernel_project / name for name in ("CMakeLists.txt", "pyproject.toml")]
         ),
-        files_digest([_HERE / name for name in _MODULE_CODE] + [_HERE.parent / "toolkit.py"]),
+        files_digest(
+            [_HERE / name for name in _MODULE_CODE]
+            + [_HERE.parent / name for name in ("toolkit.py", "hosts.py")]
+        ),
     )
     build = digest(
         inputs,
@@ -185,6 +188,7 @@ def part_record(
         "plan": split,
         "version": jit_version,
         "toolkit": toolkit_record,
+        "host": request.platform,
         "archs": [str(arch) for arch in sorted(set(request.archs))],
         "recipes": request.recipes,
         "modules": {**built.modules, **{name: module.recipe for name, module in cached.items()}},
@@ -280,6 +284,7 @@ def compile_part(
                 out_dir=scratch / "out",
                 launcher=launcher_for(layout),
                 sglang=sglang_exported,
+                cross=hosts.compilers(hosts.parse(request.platform)),
             )
         module_cache.store(layout.built_modules, result, module_keys)
         toolkit_record = {"cuda": cuda.full_version, "source": toolkit_source}
@@ -330,6 +335,8 @@ def assemble(
     provenance: dict[str, object] = {
         **wheels.upstream_record(layout.root, layout.patches / upstream.name, upstream),
         "toolkit": first["toolkit"],
+        # The CPU its shared objects run on: sm120-node-check loads them only there.
+        "host": first["host"],
         "archs": first["archs"],
         "recipes": first["recipes"],
         # Every profile, so that `sm120-node-check --profile NAME` evaluates only recipes

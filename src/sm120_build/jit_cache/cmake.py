@@ -19,6 +19,7 @@ import sys
 import sysconfig
 import threading
 import time
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from pathlib import Path
 from .. import console
 from ..console import step
 from ..errors import UserError
+from ..hosts import CrossCompilers
 from ..toolkit import Toolkit
 from ..wheels import pip_wheel_command
 from .arch import Arch
@@ -42,11 +44,13 @@ class KernelBuild:
     compile_seconds: dict[str, float]  # module -> seconds its translation units took
 
 
-def host_compilers() -> list[str]:
+def host_compilers(cross: CrossCompilers | None = None) -> list[str]:
     """What compiles the host code: CMake's C++ compiler (CXX, else c++) and nvcc's (gcc),
-    by the first line of their --version. A cached build is only reused by the same ones."""
-    identities = []
-    for program in (os.environ.get("CXX") or "c++", "gcc"):
+    or for another host the cross compilers (C++ for both, C for the driver stub), by the
+    first line of their --version. A cached build is only reused by the same ones."""
+    identities = [] if cross is None else [f"host: {cross.host}"]
+    programs = (os.environ.get("CXX") or "c++", "gcc") if cross is None else (cross.cxx, cross.cc)
+    for program in programs:
         try:
             result = subprocess.run([program, "--version"], capture_output=True, text=True)
         except OSError as exc:
@@ -82,6 +86,31 @@ def _symbolic(argv: list[str], replacements: dict[str, str]) -> list[str]:
             arg = arg.replace(path, name)
         result.append(arg)
     return result
+
+
+def check_tvm_ffi_headers(wheel: Path) -> None:
+    """Refuse a cross-build whose tvm-ffi headers are not those of `wheel`, the same release
+    built for the nodes' host: the modules compile against the one and run against the
+    other's library."""
+    import tvm_ffi
+
+    package = Path(tvm_ffi.__file__).parent
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {
+            name: archive.read(name)
+            for name in archive.namelist()
+            if name.startswith("tvm_ffi/") and "/include/" in name and not name.endswith("/")
+        }
+    for directory in tvm_ffi_include_dirs():
+        for header in sorted(Path(directory).rglob("*")):
+            if not header.is_file():
+                continue
+            name = f"tvm_ffi/{header.relative_to(package).as_posix()}"
+            if shipped.get(name) != header.read_bytes():
+                raise UserError(
+                    f"{name} of this environment's apache-tvm-ffi is not the one in "
+                    f"{wheel.name}: pin the same release in pins.toml's [build] and [cross.*]"
+                )
 
 
 # License texts of what the .so is compiled from that ship in the sources (kernel/licenses
@@ -192,6 +221,8 @@ _SCRUBBED = (
     "CUDAFLAGS",
     "LDFLAGS",
     "CUDAHOSTCXX",
+    # The wheel's platform tag (scikit-build-core reads it): set by a cross-build alone.
+    "_PYTHON_HOST_PLATFORM",
     "NVCC_APPEND_FLAGS",
     "NVCC_PREPEND_FLAGS",
     "NVCC_CCBIN",
@@ -253,9 +284,11 @@ def build_jit_cache_wheel(
     out_dir: Path,
     launcher: Launcher | None,
     sglang: Path | None = None,
+    cross: CrossCompilers | None = None,
 ) -> KernelBuild:
     """Build flashinfer-jit-cache `version`, holding `modules` (rendered from `sources`, the
-    tree sources_at_fixed_path exported), into out_dir, in a build tree under `scratch`."""
+    tree sources_at_fixed_path exported), into out_dir, in a build tree under `scratch`;
+    for another host CPU with `cross`'s compilers (and `toolkit` that host's, cross_toolkit)."""
     build_dir = scratch / "build"
     project = scratch / "flashinfer-jit-cache"
     ignore = shutil.ignore_patterns("__pycache__", "_build_meta.py")
@@ -263,7 +296,7 @@ def build_jit_cache_wheel(
     (project / "flashinfer_jit_cache" / "_build_meta.py").write_text(f'__version__ = "{version}"\n')
     # Beside the sources, at their fixed path: the linker's search path reaches the .so's
     # build ID, so a stub in a scratch directory of a random name made every build differ.
-    stubs = driver_stub(toolkit, sources.parent / "driver-stub")
+    stubs = driver_stub(toolkit, sources.parent / "driver-stub", cross.cc if cross else "gcc")
     (project / "modules.cmake").write_text(modules_cmake(modules, toolkit, stubs))
     add_license_texts(sources, project / "licenses")
     workspace = sources.parent / "workspace"
@@ -278,6 +311,7 @@ def build_jit_cache_wheel(
         "PREFIX_MAPS": ";".join(prefix_maps),
         "CMAKE_CUDA_COMPILER": str(toolkit.nvcc),
         "CMAKE_EXPORT_COMPILE_COMMANDS": "ON",
+        **(cross.cmake_defines() if cross else {}),
     }
     # With nothing to compile (every module cached) the project still makes the package.
     if not modules or (launcher is not None and not launcher.start()):
@@ -290,12 +324,16 @@ def build_jit_cache_wheel(
     for name, value in defines.items():
         command += ["--config-settings", f"cmake.define.{name}={value}"]
     env = compile_environment(os.environ, toolkit)
+    if cross is not None:
+        env.update(cross.wheel_environment())
     if launcher is not None:
         env.update(launcher.env)
     units = sum(module.units for module in modules)
     doing = (
         f"compiling {len(modules)} module(s), {units} translation units, for "
-        f"{', '.join(a.sm for a in archs)} with CUDA {toolkit.full_version} (minutes)"
+        f"{', '.join(a.sm for a in archs)} with CUDA {toolkit.full_version}"
+        + (f", host code for {cross.host} by {Path(cross.cxx).name}" if cross else "")
+        + " (minutes)"
         if modules
         else "making the jit-cache package (no module to compile)"
     )

@@ -6,7 +6,9 @@ asks it to. It reports, with no GPU needed:
 
 - the versions and patch series of flashinfer-python and flashinfer-jit-cache, which must
   be one build's;
-- the archs the jit-cache holds code for, which must cover the GPU (or --arch MAJOR.MINOR);
+- the archs the jit-cache holds code for, which must cover the GPU (or --arch MAJOR.MINOR),
+  and the host CPU its shared objects are built for (by their ELF headers), which must be
+  this machine's for them to be loaded;
 - the CUDA the jit-cache was built with, against the driver's;
 - with --trust-key KEY.pub, whether each installed wheel of ours was verified against its
   signed provenance when --install put it there (docs/provenance.md).
@@ -24,12 +26,14 @@ import importlib
 import importlib.metadata
 import json
 import os
+import platform
 import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from .. import hosts
 from ..errors import UserError, exit_status
 from ..layout import PROVENANCE_FILE
 from ..profiles import FIRST_USE_COMPILERS, first_use
@@ -77,6 +81,17 @@ def runs_on(arch: str, major: int, minor: int) -> bool:
     if built_major != major:
         return False
     return built_minor == minor if suffix == "a" else built_minor <= minor
+
+
+def module_hosts(distribution: str) -> dict[str, int]:
+    """Host CPU (hosts.py's name) -> how many of the distribution's shared objects are built
+    for it, by their ELF headers."""
+    counts: dict[str, int] = {}
+    for file in importlib.metadata.distribution(distribution).files or []:
+        if file.name.endswith(".so"):
+            name = hosts.named_machine(hosts.elf_machine(Path(str(file.locate()))))
+            counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def cuda_versions(toolkit: dict[str, Any] | None, torch: Any, gpu: bool) -> list[str]:
@@ -233,6 +248,7 @@ def _run(args: argparse.Namespace) -> int:
     if python["patches"] != jit_cache["patches"]:
         problems.append("flashinfer-python and flashinfer-jit-cache record different patches")
     archs: list[str] = jit_cache["archs"]
+    built_for = module_hosts("flashinfer-jit-cache")
     recipes = recorded_recipes(jit_cache, args.profile)
     arch, source = device_arch(args.arch, torch)
     problems += cuda_versions(
@@ -241,7 +257,9 @@ def _run(args: argparse.Namespace) -> int:
     print(
         f"node_check: {f'sm_{arch[0]}{arch[1]} ({source})' if arch else 'no GPU arch'}; "
         f"flashinfer {versions['flashinfer-python']}, "
-        f"jit-cache {versions['flashinfer-jit-cache']} ({', '.join(archs)})"
+        f"jit-cache {versions['flashinfer-jit-cache']} ({', '.join(archs)}"
+        + "".join(f"; {count} {name} shared objects" for name, count in built_for.items())
+        + ")"
     )
     results: list[dict[str, Any]] = []
     if arch is None:
@@ -255,7 +273,15 @@ def _run(args: argparse.Namespace) -> int:
             )
         # FlashInfer picks arch-dependent code paths from this list, as on a node with that GPU.
         os.environ["FLASHINFER_CUDA_ARCH_LIST"] = f"{major}.{minor}{'a' if major >= 9 else ''}"
-        if torch is None:
+        foreign = sorted(set(built_for) - {platform.machine()})
+        if foreign:
+            not_checked.append(
+                f"the {len(recipes)} recipes' modules were not loaded: the jit-cache's shared "
+                f"objects are {', '.join(foreign)} code and this machine is "
+                f"{platform.machine()}, which cannot load them; run the check on a node of "
+                "that host"
+            )
+        elif torch is None:
             not_checked.append(
                 f"the {len(recipes)} recipes' modules were not loaded: torch is not installed "
                 "here, and FlashInfer loads its modules only with it"
@@ -271,6 +297,7 @@ def _run(args: argparse.Namespace) -> int:
         "device": {"major": arch[0], "minor": arch[1], "source": source} if arch else None,
         "versions": versions,
         "archs": archs,
+        "hosts": built_for,
         "jit_compiles": jit,
         "modules": results,
         "first_use": first_use,
