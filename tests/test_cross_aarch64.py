@@ -226,3 +226,28 @@ def test_the_node_check_reads_the_archs_and_says_why_it_loads_nothing_here(
         f"are aarch64 code and this machine is {os.uname().machine}, which cannot load them"
     ) in output
     assert "FAIL" not in output  # 12.0f runs on sm_121: the family
+
+
+def test_the_node_lock_resolves_sglang_s_closure_for_aarch64_from_wheels_alone(
+    aarch64: Path, built_project: Path
+) -> None:
+    """sglang 0.5.9 pins torch-memory-saver 0.0.9, which has no aarch64 wheel: the lock
+    names it, and never builds its sdist."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sm120_build",
+            "lock-node",
+            "--platform",
+            "aarch64-manylinux_2_34",
+        ],
+        cwd=built_project,
+        env=dict(os.environ, SM120_CACHE_DIR=str(built_project / ".cache")),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "for CPython 3.12, aarch64-manylinux_2_34" in result.stderr
+    assert "torch-memory-saver==0.0.9 has no usable wheels" in result.stderr
+    assert not (aarch64 / "node-lock.txt").exists()

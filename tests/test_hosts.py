@@ -189,3 +189,47 @@ def test_a_cross_build_with_a_system_toolkit_is_refused_before_anything_is_fetch
         assert "--platform aarch64 cross-compiles with the pinned pip toolkit" in result.stderr
     assert result.returncode == 1
     assert not (root / "vendor").exists()
+
+
+def test_the_node_lock_for_aarch64_asks_for_the_aarch64_wheelhouse(tmp_path: Path) -> None:
+    root = fresh_root(tmp_path)
+    (root / "wheelhouse").mkdir()  # an x86_64 build's: not what an aarch64 node installs
+    result = subprocess.run(
+        [sys.executable, "-m", "sm120_build", "lock-node", "--platform", "aarch64-manylinux_2_34"],
+        cwd=root,
+        env=dict(os.environ, SM120_CACHE_DIR=str(root / ".cache")),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1
+    assert (
+        "wheelhouse-aarch64/ does not exist: build it first (nox -s build_wheels -- "
+        "--platform aarch64)"
+    ) in result.stderr
+
+
+def test_the_build_s_tvm_ffi_headers_must_be_those_of_the_host_s_wheel(tmp_path: Path) -> None:
+    """A wheel of the same headers passes; one header changed is refused by name."""
+    tvm_ffi = pytest.importorskip("tvm_ffi", reason="the build's tvm-ffi (pins.toml [build])")
+    from sm120_build.jit_cache.cmake import check_tvm_ffi_headers
+
+    package = Path(tvm_ffi.__file__).parent
+    headers = sorted(p for p in (package / "include").rglob("*") if p.is_file())
+    assert headers
+
+    def wheel(changed: Path | None) -> Path:
+        path = (
+            tmp_path
+            / f"apache_tvm_ffi-{len(list(tmp_path.iterdir()))}-cp311-cp311-linux_aarch64.whl"
+        )
+        with zipfile.ZipFile(path, "w") as archive:
+            for header in headers:
+                data = header.read_bytes() + (b"// changed\n" if header == changed else b"")
+                archive.writestr(f"tvm_ffi/{header.relative_to(package).as_posix()}", data)
+        return path
+
+    check_tvm_ffi_headers(wheel(None))
+    changed = headers[len(headers) // 2]
+    message = refusal(check_tvm_ffi_headers, wheel(changed))
+    assert message.startswith(f"tvm_ffi/{changed.relative_to(package).as_posix()} of this ")
+    assert "pin the same release in pins.toml's [build] and [cross.*]" in message

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import subprocess
 import zipfile
 from collections.abc import Callable
@@ -184,6 +185,17 @@ def test_the_host_compiler_keys_every_module(
     assert changed(before, keys_of()) == {"inputs", "build", "entry"}
 
 
+@pytest.mark.skipif(
+    shutil.which("aarch64-linux-gnu-g++") is None or os.uname().machine != "x86_64",
+    reason="needs the aarch64 cross compiler on an x86_64 machine",
+)
+def test_the_host_cpu_keys_every_module(keys_of: KeysOf) -> None:
+    """An aarch64 build's modules are other bytes than the x86_64 build's of the same flags:
+    its host and cross compilers key every module, so neither takes the other's."""
+    aarch64 = dataclasses.replace(REQUEST, platform="aarch64")
+    assert changed(keys_of(), keys_of(request=aarch64)) == {"inputs", "build", "entry"}
+
+
 def test_a_part_records_its_keys_share_and_every_module_built_or_taken(tmp_path: Path) -> None:
     keys = PartKeys("i" * 64, "b" * 64, "e" * 64)
     built = KernelBuild(
@@ -209,6 +221,7 @@ def test_a_part_records_its_keys_share_and_every_module_built_or_taken(tmp_path:
         "plan": [["a"], ["rope", "norm", "act"], ["b"]],
         "version": "1.0+x",
         "toolkit": {"cuda": "13.0.88", "source": "pip"},
+        "host": "x86_64",
         "archs": ["12.0f", "12.1a"],
         "recipes": REQUEST.recipes,
         "modules": {
@@ -290,6 +303,7 @@ def part_of(
     )
     record = {
         "toolkit": {"cuda": "13.0.88", "source": "pip"},
+        "host": "x86_64",
         "archs": ["12.0f"],
         "recipes": REQUEST.recipes,
         "modules": modules,
@@ -331,7 +345,7 @@ def test_the_wheel_assembled_from_parts_holds_every_module_and_its_provenance(
         for line in (layout.patches / "flashinfer" / "series").read_text().split()
     ]
     assert provenance["toolkit"] == {"cuda": "13.0.88", "source": "pip"}
-    assert provenance["archs"] == ["12.0f"]
+    assert provenance["archs"] == ["12.0f"] and provenance["host"] == "x86_64"
     assert provenance["recipes"] == REQUEST.recipes
     assert provenance["modules"] == {"norm": "gen_norm_module()", "rope": "gen_rope_module()"}
     assert provenance["compile_commands"] == [["nvcc -c norm.cu"], ["nvcc -c rope.cu"]]
