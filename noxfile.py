@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -429,17 +430,20 @@ def bench(session: nox.Session) -> None:
 def _run_on_this_node(session: nox.Session, module: str) -> None:
     """Run `module` in the Python nox runs from, with JIT compilation disabled, after it has
     installed wheelhouse/'s wheels there, each checked against SHA256SUMS (`--install`; it
-    checks for torch first and installs nothing without it)."""
+    checks for torch first and installs nothing without it). On a node of another CPU than
+    x86_64 (DGX Spark), wheelhouse-<cpu>/ where the checkout has one (build_wheels --platform)."""
     if HELP_ONLY:
         _help(session, "-m", module)
         return
     _refuse_credentials(session)
+    own = ROOT / f"wheelhouse-{platform.machine()}"
+    wheelhouse = own if platform.machine() != "x86_64" and own.is_dir() else ROOT / "wheelhouse"
     session.run(
         sys.executable,
         "-m",
         module,
         "--install",
-        str(ROOT / "wheelhouse"),
+        str(wheelhouse),
         *session.posargs,
         env={"FLASHINFER_DISABLE_JIT": "1", "PYTHONPATH": str(SRC)},
         external=True,
