@@ -377,6 +377,7 @@ def publish(session: nox.Session) -> None:
                                                the lock files under locks/
     -- --timeout SECONDS                       give up on an index that does not answer
     -- --with-dependencies                     also the closure of node-lock.txt
+    -- --platform aarch64                      wheelhouse-aarch64/ instead of wheelhouse/
     Credentials: TWINE_USERNAME/TWINE_PASSWORD, a keyring, or ~/.pypirc. Never part of
     build_wheels.
     {common}

@@ -264,3 +264,28 @@ def test_copies_show_progress_and_lock_files_reach_the_tree(project: Path, tmp_p
     installed = fresh_install_from(locks / "requirements.txt", static, tmp_path)
     for name, version in required_versions(project).items():
         assert installed[name] == version
+
+
+def test_the_aarch64_wheelhouse_publishes_with_platform_and_only_then(
+    tmp_path: Path,
+) -> None:
+    """`publish --platform aarch64` takes wheelhouse-aarch64/ (build_wheels --platform
+    aarch64); without a build for it, it names the command that makes one."""
+    (tmp_path / "scratch").mkdir()
+    wheel = small_wheel(tmp_path / "scratch", "alpha_pkg", "1.0+sm120.pabc12345")
+    root = wheelhouse_project(tmp_path / "project", [wheel])
+    missing = publish(root, "--platform", "aarch64", "--static", str(tmp_path / "none"))
+    assert missing.returncode == 1
+    assert (
+        "wheelhouse-aarch64/ does not exist: build it first (nox -s build_wheels -- "
+        "--platform aarch64)"
+    ) in missing.stderr
+    assert not (tmp_path / "none").exists()
+    (root / "wheelhouse").rename(root / "wheelhouse-aarch64")
+    static = tmp_path / "mirror"
+    result = publish(root, "--platform", "aarch64", "--static", str(static))
+    assert result.returncode == 0, result.stderr
+    assert (static / "packages" / wheel.name).is_file()
+    unknown = publish(root, "--platform", "ppc64le", "--static", str(tmp_path / "other"))
+    assert unknown.returncode == 1
+    assert "the build can target x86_64, aarch64 hosts" in unknown.stderr

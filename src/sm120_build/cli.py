@@ -18,6 +18,7 @@ from . import (
     console,
     derive,
     fetch,
+    hosts,
     jit_cache,
     node_lock,
     pins,
@@ -251,15 +252,27 @@ def _bump_write(
     return None
 
 
+def _wheelhouse_of(layout: Layout, host: str) -> Path:
+    """The wheelhouse of the nodes with `host` CPUs, which a build for them must have made."""
+    wheelhouse = layout.wheelhouse_for(hosts.parse(host).name)
+    if host != hosts.DEFAULT and not wheelhouse.is_dir():
+        raise UserError(
+            f"{layout.shown(wheelhouse)}/ does not exist: build it first (nox -s build_wheels -- "
+            f"--platform {host})"
+        )
+    return wheelhouse
+
+
 def _publish(layout: Layout, args: argparse.Namespace) -> None:
     if not args.static and not args.index_url:
         raise UserError("--index-url is required: the simple index to read the upload back from")
-    with publish.closure_wheels(layout.wheelhouse, layout.cache, args.with_dependencies) as closure:
+    wheelhouse = _wheelhouse_of(layout, args.platform)
+    with publish.closure_wheels(wheelhouse, layout.cache, args.with_dependencies) as closure:
         if args.static:
-            publish.write_static_index(layout.wheelhouse, args.static.absolute(), closure)
+            publish.write_static_index(wheelhouse, args.static.absolute(), closure)
             return
         publish.publish(
-            layout.wheelhouse,
+            wheelhouse,
             args.repository_url,
             args.repository,
             args.index_url,
@@ -279,16 +292,11 @@ def _lock_node(layout: Layout, args: argparse.Namespace) -> None:
         pylock.write_pylock(layout.wheelhouse, args.pylock_index)
         return
     # The wheelhouse of the platform's host CPU: wheelhouse-aarch64/ for aarch64-manylinux_2_Y.
-    wheelhouse = None
+    wheelhouse = layout.wheelhouse
     if args.platform:
         node_lock.Target(args.python_version, args.platform)  # a malformed one named first
-        wheelhouse = layout.wheelhouse_for(args.platform.split("-")[0])
-    if wheelhouse is not None and not wheelhouse.is_dir():
-        raise UserError(
-            f"{layout.shown(wheelhouse)}/ does not exist: build it first (nox -s build_wheels -- "
-            f"--platform {args.platform.split('-')[0]})"
-        )
-    node_lock.lock_node(wheelhouse or layout.wheelhouse, args.python_version, args.platform)
+        wheelhouse = _wheelhouse_of(layout, args.platform.split("-")[0])
+    node_lock.lock_node(wheelhouse, args.python_version, args.platform)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -481,6 +489,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help=f"also publish every file of wheelhouse/{node_lock.LOCK_FILE} for its target "
         "(nox -s lock_node): the closure a fresh node installs, gigabytes",
+    )
+    sub.add_argument(
+        "--platform",
+        default=hosts.DEFAULT,
+        metavar="HOST",
+        help=f"publish the wheelhouse of the nodes with these CPUs: one of "
+        f"{', '.join(hosts.HOSTS)} (default {hosts.DEFAULT}: wheelhouse/; aarch64: "
+        "wheelhouse-aarch64/). The pure-Python wheels both hold are uploaded once",
     )
     sub.set_defaults(run=_publish, locks_cache=True)  # the closure is fetched into the cache
 
