@@ -21,7 +21,7 @@ from . import index
 from .cache import scratch_directory, sha256_of
 from .console import say
 from .errors import UserError
-from .pins import Artifact, Upstream
+from .pins import PINNED_WHEEL, Artifact, Upstream
 
 FETCH_TIMEOUT = 120.0  # seconds for one request to an index
 
@@ -45,11 +45,6 @@ def pip_download(dest: Path, *arguments: str) -> subprocess.CompletedProcess[str
     )
 
 
-_PINNED_WHEEL = re.compile(
-    r"(?P<requirement>[A-Za-z0-9_.-]+==\S+)(?P<hashes>(?:\s+--hash=sha256:[0-9a-f]{64})+)"
-)
-
-
 def fetch_pinned_wheel(spec: str, cache: Path, platforms: Sequence[str] = ()) -> Path:
     """A wheel given as a path, or as "NAME==VERSION --hash=sha256:HEX", downloaded through
     pip with --require-hashes into cache/wheels/<sha256>/ once. `platforms`: pip's --platform
@@ -59,7 +54,7 @@ def fetch_pinned_wheel(spec: str, cache: Path, platforms: Sequence[str] = ()) ->
         if not path.is_file():
             raise UserError(f"{spec} does not exist")
         return path
-    match = _PINNED_WHEEL.fullmatch(spec.strip())
+    match = PINNED_WHEEL.fullmatch(spec.strip())
     if match is None:
         raise UserError(
             f"{spec!r}: expected a .whl path, or a pinned requirement such as "

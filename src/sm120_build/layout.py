@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import hosts
 from .errors import UserError
 
 CACHE_ENV = "SM120_CACHE_DIR"
@@ -75,9 +76,9 @@ class Layout:
         return self.stack / "wheelhouse"
 
     def wheelhouse_for(self, host: str) -> Path:
-        """The wheelhouse of the nodes with `host` CPUs: wheelhouse/ for x86_64 (the default
-        host, jit_cache/host.py), wheelhouse-<host>/ beside it for another."""
-        return self.wheelhouse if host == "x86_64" else self.stack / f"wheelhouse-{host}"
+        """The wheelhouse of the nodes with `host` CPUs: wheelhouse/ for the default host
+        (x86_64, hosts.py), wheelhouse-<host>/ beside it for another."""
+        return self.wheelhouse if host == hosts.DEFAULT else self.stack / f"wheelhouse-{host}"
 
     @property
     def shards(self) -> Path:

@@ -303,14 +303,17 @@ def load(path: Path) -> Pins:
     )
 
 
-_PINNED_WHEEL = re.compile(r"[A-Za-z0-9_.-]+==\S+(?:\s+--hash=sha256:[0-9a-f]{64})+")
+# "NAME==VERSION --hash=sha256:HEX ...": a wheel pinned by the sha256 of each file it may be.
+PINNED_WHEEL = re.compile(
+    r"(?P<requirement>[A-Za-z0-9_.-]+==\S+)(?P<hashes>(?:\s+--hash=sha256:[0-9a-f]{64})+)"
+)
 
 
 def _cross_pins(host: str, table: object, path: Path) -> CrossPins:
     fields = {}
     for key in ("cuda_runtime", "tvm_ffi"):
         value = table.get(key) if isinstance(table, dict) else None
-        if not (isinstance(value, str) and _PINNED_WHEEL.fullmatch(value.strip())):
+        if not (isinstance(value, str) and PINNED_WHEEL.fullmatch(value.strip())):
             raise UserError(
                 f'{path}: [cross.{host}] {key} must be "NAME==VERSION --hash=sha256:<64 hex>" '
                 "(one --hash per wheel)"

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import attest, audit, fetch, glibc, hosts, jit_cache, toolkit, vendor, wheel_upstream, wheels
+from . import attest, audit, fetch, glibc, jit_cache, toolkit, vendor, wheel_upstream, wheels
 from .cache import cached_wheel, digest, files_digest, scratch_directory, sha256_of, store_wheel
 from .console import say, step
 from .errors import UserError
@@ -208,7 +208,7 @@ def _toolkit(layout: Layout, pins: Pins, request: KernelRequest) -> tuple[toolki
         cuda = toolkit.probe(request.cuda_home.resolve())
         source = f"system: {request.cuda_home.resolve()}"
     jit_cache.check_archs(request.archs, cuda)  # before anything compiles
-    if hosts.compilers(hosts.parse(request.platform)) is not None:
+    if request.cross is not None:
         return _cross_toolkit(layout, pins, request.platform, cuda, source)
     return cuda, source
 

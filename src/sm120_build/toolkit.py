@@ -80,15 +80,19 @@ def _link_each(source: Path, target: Path) -> None:
         _link(target / entry.name, entry)
 
 
-def _make_shim(cuda_root: Path, shim: Path) -> None:
-    _link_each(cuda_root / "bin", shim / "bin")
-    _link_each(cuda_root / "lib", shim / "lib64")
-    # The wheels ship only versioned libraries (libnvrtc.so.13); `-lcudart`, `-lnvrtc` need
-    # the unversioned name a -dev package would add.
-    for library in sorted((shim / "lib64").glob("lib*.so.*")):
+def _link_unversioned(lib: Path) -> None:
+    """The wheels ship only versioned libraries (libnvrtc.so.13); `-lcudart`, `-lnvrtc` need
+    the unversioned name a -dev package would add."""
+    for library in sorted(lib.glob("lib*.so.*")):
         plain = library.with_name(library.name.split(".so.")[0] + ".so")
         if not plain.exists() and library.name.count(".") == 2:
             plain.symlink_to(library.name)
+
+
+def _make_shim(cuda_root: Path, shim: Path) -> None:
+    _link_each(cuda_root / "bin", shim / "bin")
+    _link_each(cuda_root / "lib", shim / "lib64")
+    _link_unversioned(shim / "lib64")
     for name in ("include", "nvvm"):
         _link(shim / name, cuda_root / name)
 
@@ -173,8 +177,7 @@ def cross_toolkit(cuda: Toolkit, host: str, runtime_wheel: Path) -> Toolkit:
                 path = PurePosixPath(info.filename)
                 if len(path.parts) == 4 and path.parts[0] == "nvidia" and path.parts[2] == "lib":
                     (lib / path.name).write_bytes(wheel.read(info))
-        for library in sorted(lib.glob("lib*.so.*")):
-            library.with_name(library.name.split(".so.")[0] + ".so").symlink_to(library.name)
+        _link_unversioned(lib)
         if not (lib / "libcudart_static.a").is_file():
             raise UserError(f"{runtime_wheel.name} holds no lib/libcudart_static.a for {host}")
         shutil.rmtree(target, ignore_errors=True)

@@ -90,6 +90,11 @@ class KernelRequest:
     glibc_baseline: str | None = None  # refuse a jit-cache needing a newer glibc, e.g. "2.28"
     platform: str = hosts.DEFAULT  # the nodes' host CPU (hosts.HOSTS): what the modules run on
 
+    @property
+    def cross(self) -> hosts.CrossCompilers | None:
+        """The cross compilers of another host than this machine's, None for its own."""
+        return hosts.compilers(hosts.parse(self.platform))
+
 
 def check_paths(layout: Layout, request: KernelRequest) -> None:
     """Refuse, before anything runs, the paths nvcc would see that it cannot take."""
@@ -138,7 +143,7 @@ def part_keys(
         vendor.current_inputs(layout.vendor / "flashinfer"),
         toolkit_source,
         cuda.full_version,
-        cmake.host_compilers(hosts.compilers(hosts.parse(request.platform))),
+        cmake.host_compilers(request.cross),
         platform.python_version(),  # its headers are on every module's include path
         pins.build_requirements,
         # The kernel project's build files shape every module; its Python package (the
@@ -284,7 +289,7 @@ def compile_part(
                 out_dir=scratch / "out",
                 launcher=launcher_for(layout),
                 sglang=sglang_exported,
-                cross=hosts.compilers(hosts.parse(request.platform)),
+                cross=request.cross,
             )
         module_cache.store(layout.built_modules, result, module_keys)
         toolkit_record = {"cuda": cuda.full_version, "source": toolkit_source}
