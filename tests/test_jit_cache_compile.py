@@ -37,6 +37,7 @@ from .test_render import CORE  # FlashInfer's JitSpec, as the render's tests wri
 CUDA_HOME = Path("/usr/local/cuda")
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.mutation,
     pytest.mark.skipif(not (CUDA_HOME / "bin" / "nvcc").exists(), reason="needs nvcc"),
     pytest.mark.skipif(
         importlib.util.find_spec("torch") is None or importlib.util.find_spec("tvm_ffi") is None,
