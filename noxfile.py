@@ -535,7 +535,8 @@ def tests_fast(session: nox.Session) -> None:
 
 @_session()
 def mutants(session: nox.Session) -> None:
-    """Mutation testing (mutmut) of the modules that guard data and trust, with the fast tests.
+    """Mutation testing (mutmut) of the modules that guard data and trust, with the fast tests
+    and the compile stage's own (nvcc on one-line kernels, with the pinned toolkit).
 
     The modules are listed under [tool.mutmut] in pyproject.toml. Prints killed, survived
     and untested mutants and the kill ratio, and fails below 90 % (docs/mutation.md). Hours
@@ -561,7 +562,22 @@ def mutants(session: nox.Session) -> None:
         project=False,
     )
     shutil.rmtree(ROOT / "mutants", ignore_errors=True)  # results of other code would be reused
-    session.run("mutmut", "run", env={"PYTHONPATH": str(SRC)}, success_codes=[0, 1])
+    # The compile stage's tests (marked `mutation`) run nvcc: the pinned toolkit's, installed
+    # into the cache as a build installs it, so the job needs no CUDA of its own.
+    cuda_home = session.run(
+        "python",
+        "-c",
+        "from pathlib import Path; from sm120_build import pins, toolkit; "
+        "from sm120_build.layout import Layout; layout = Layout.from_root(Path.cwd()); "
+        "print(toolkit.pip_toolkit(pins.load(layout.pins_file).toolkit_requirement, "
+        "layout.cache).home)",
+        env={"PYTHONPATH": str(SRC)},
+        silent=True,
+    )
+    env = {"PYTHONPATH": str(SRC)}
+    if isinstance(cuda_home, str):  # None under nox --install-only
+        env["CUDA_HOME"] = cuda_home.strip().splitlines()[-1]
+    session.run("mutmut", "run", env=env, success_codes=[0, 1])
     if session.run("mutmut", "export-cicd-stats", silent=True) is None:
         return  # nox --install-only: nothing ran, so there is nothing to count
     stats = json.loads((ROOT / "mutants" / "mutmut-cicd-stats.json").read_text())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import shutil
 import subprocess
 import zipfile
@@ -34,7 +35,9 @@ from sm120_build.vendor.state import VendorState, write_state
 from .conftest import fresh_root, refusal, write_tree
 from .test_render import CORE  # FlashInfer's JitSpec, as the render's tests write it
 
-CUDA_HOME = Path("/usr/local/cuda")
+# The toolkit nvcc-using tools find: CUDA_HOME (the mutation run sets it to the pinned pip
+# toolkit), else the system's.
+CUDA_HOME = Path(os.environ.get("CUDA_HOME") or "/usr/local/cuda")
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.mutation,

@@ -15,7 +15,7 @@ import pytest
 from sm120_build.errors import UserError
 from sm120_build.jit_cache.arch import Arch, check_modules_cover_archs
 from sm120_build.jit_cache.cmake import modules_cmake
-from sm120_build.jit_cache.jit_specs import parse_ninja
+from sm120_build.jit_cache.jit_specs import parse_ninja, parse_tvm_ffi_ninja
 from sm120_build.jit_cache.overlay import overlay_base
 from sm120_build.jit_cache.render import Module, render_modules
 from sm120_build.node.check import device_arch, patch_series, provenance, runs_on
@@ -92,6 +92,33 @@ def test_ninja_parse_expands_variables_and_keeps_quoted_words() -> None:
     assert parsed["link_flags"][1] == "-L/opt/cuda/lib64"
     assert parsed["device_link"] is False
     assert parse_ninja(NINJA.replace(": link ", ": nvcc_link "))["device_link"] is True
+
+
+def test_tvm_ffi_s_own_ninja_file_is_read_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What tvm-ffi's load_inline writes for sglang 0.5.9's kernels, written by tvm-ffi's
+    own generator: C++ and CUDA sources, their flags, and ':' in paths, which it escapes."""
+    extension = pytest.importorskip("tvm_ffi.cpp.extension")
+    monkeypatch.setenv("TVM_FFI_CUDA_ARCH_LIST", "12.0")
+    sources = ["/src/a:b/host.cpp", "/src/dev.cu"]
+    ninja = extension._generate_ninja_build(
+        "demo", ["-DHOST=1"], ["-DDEVICE=1"], ["-lextra"], ["/inc:lude"], sources, backend="cuda"
+    )
+    assert "$:" in ninja  # the escape this test is about
+    parsed = parse_tvm_ffi_ninja(ninja)
+    assert parsed["cxx_sources"] == ["/src/a:b/host.cpp"]
+    assert parsed["cuda_sources"] == ["/src/dev.cu"]
+    assert parsed["cxx_flags"][:4] == ["-std=c++17", "-fPIC", "-O2", "-DHOST=1"]
+    assert parsed["cxx_flags"][-1] == "-I/inc:lude"
+    assert "-DDEVICE=1" in parsed["cuda_flags"] and parsed["cuda_flags"][-1] == "-I/inc:lude"
+    assert "-gencode=arch=compute_120,code=sm_120" in parsed["cuda_flags"]
+    assert parsed["link_flags"][0] == "-shared" and parsed["link_flags"][-1] == "-lextra"
+    assert parsed["device_link"] is False
+    # A module of C++ alone: tvm-ffi writes no cuda_cflags line.
+    host_only = parse_tvm_ffi_ninja(
+        extension._generate_ninja_build("host", [], [], [], [], ["/src/host.cpp"])
+    )
+    assert (host_only["cuda_sources"], host_only["cuda_flags"]) == ([], [])
+    assert host_only["cxx_sources"] == ["/src/host.cpp"]
 
 
 def test_modules_cmake_splits_includes_and_drops_what_cmake_links_itself() -> None:

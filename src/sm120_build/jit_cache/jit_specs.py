@@ -66,11 +66,13 @@ def parse_tvm_ffi_ninja(text: str) -> dict[str, Any]:
     (tvm_ffi/cpp/extension.py _generate_ninja_build)."""
     variables: dict[str, str] = {}
     compiles: list[tuple[str, str]] = []
-    for line in text.splitlines():
+    # tvm-ffi escapes ':' as ninja's '$:' in the include paths it writes into the flags and
+    # in the sources; ninja passes ':' on.
+    for line in text.replace("$:", ":").splitlines():
         if match := _VARIABLE.match(line):
             variables[match.group(1)] = match.group(2)
         elif (match := _BUILD.match(line)) and match.group(2) in ("compile", "compile_cuda"):
-            compiles.append((match.group(2), match.group(3).replace("$:", ":")))
+            compiles.append((match.group(2), match.group(3)))
     return {
         "cuda_sources": [source for rule, source in compiles if rule == "compile_cuda"],
         "cxx_sources": [source for rule, source in compiles if rule == "compile"],
