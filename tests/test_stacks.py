@@ -96,3 +96,16 @@ def test_mutation_testing_copies_every_stacks_own_files() -> None:
         )
     ]
     assert not uncovered, f"add to [tool.mutmut] also_copy: {uncovered}"
+
+
+def test_mutation_testing_type_checks_exactly_the_mutated_files() -> None:
+    """mutmut counts a mutant that mypy rejects as caught: mypy must read every mutated
+    file (or those mutants run the tests for nothing), and no other (an error outside a
+    mutated function stops mutmut's whole run)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    mutmut = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mutmut"]
+    checked = [word for word in mutmut["type_check_command"] if word.startswith("src/")]
+    assert checked == mutmut["source_paths"]
