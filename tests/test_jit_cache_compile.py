@@ -106,6 +106,12 @@ FLASHINFER = {
 SGLANG = {"probe": "sglang.jit_kernel.probe:module(2048)"}
 
 
+def inputs_of(root: Path, label: str) -> str:
+    """Vendor inputs of this test's own: builds of the same inputs take turns
+    (sources.at_fixed_path), so tests run at once (mutmut's workers) must not share them."""
+    return hashlib.sha256(f"{root} {label}".encode()).hexdigest()
+
+
 def committed(tree: Path, files: dict[str, str], inputs: str) -> None:
     """A vendor tree as `nox -s vendor` leaves it: committed, its state complete."""
     write_tree(tree, files)
@@ -137,14 +143,14 @@ def flashinfer_files(value: str = "1.0f") -> dict[str, str]:
 def layout(tmp_path: Path) -> Layout:
     root = fresh_root(tmp_path)
     result = Layout(root=root, cache=root / ".cache")
-    committed(result.vendor / "flashinfer", flashinfer_files(), "a" * 64)
+    committed(result.vendor / "flashinfer", flashinfer_files(), inputs_of(root, "a"))
     committed(
         result.vendor / "sglang",
         {
             "sglang/jit_kernel/utils.py": SGLANG_UTILS,
             "sglang/jit_kernel/probe.py": SGLANG_PROBE,
         },
-        "c" * 64,
+        inputs_of(root, "c"),
     )
     return result
 
@@ -227,7 +233,7 @@ def test_a_changed_kernel_is_compiled_again(
 ) -> None:
     request = KernelRequest(FLASHINFER, ARCHS)
     first = shared_objects(compile_part(layout, pins, request, cuda, "t", WHOLE).wheel)
-    committed(layout.vendor / "flashinfer", flashinfer_files(value="3.0f"), "b" * 64)
+    committed(layout.vendor / "flashinfer", flashinfer_files("3.0f"), inputs_of(layout.root, "b"))
     capsys.readouterr()
     second = shared_objects(compile_part(layout, pins, request, cuda, "t", WHOLE).wheel)
     out = capsys.readouterr().err
@@ -266,7 +272,7 @@ def test_a_kernel_that_does_not_compile_stops_the_build_with_nvcc_s_words(
 ) -> None:
     files = flashinfer_files()
     files["csrc/norm.cu"] = "__global__ void norm_kernel() { undeclared_name; }\n"
-    committed(layout.vendor / "flashinfer", files, "d" * 64)
+    committed(layout.vendor / "flashinfer", files, inputs_of(layout.root, "d"))
     request = KernelRequest(FLASHINFER, ARCHS)
     message = refusal(lambda: compile_part(layout, pins, request, cuda, "t", WHOLE))
     assert "the jit-cache build failed" in message
