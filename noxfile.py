@@ -536,8 +536,10 @@ def tests_fast(session: nox.Session) -> None:
 
 @_session()
 def mutants(session: nox.Session) -> None:
-    """Mutation testing (mutmut) of the modules that guard data and trust, with the fast tests
-    and the compile stage's own (nvcc on one-line kernels, with the pinned toolkit).
+    """Mutation testing (mutmut) of the modules that guard data and trust.
+
+    Each mutant runs against the fast tests and the compile stage's own (nvcc on one-line
+    kernels, with the pinned toolkit) that reach it; mypy rejects some before any test.
 
     The modules are listed under [tool.mutmut] in pyproject.toml. Prints each verdict's count
     and the share caught (killed by a test, timed out, or rejected by mypy), and fails below
