@@ -217,13 +217,15 @@ def test_the_build_s_tvm_ffi_headers_must_be_those_of_the_host_s_wheel(tmp_path:
     headers = sorted(p for p in (package / "include").rglob("*") if p.is_file())
     assert headers
 
-    def wheel(changed: Path | None) -> Path:
+    def wheel(changed: Path | None, left_out: Path | None = None) -> Path:
         path = (
             tmp_path
             / f"apache_tvm_ffi-{len(list(tmp_path.iterdir()))}-cp311-cp311-linux_aarch64.whl"
         )
         with zipfile.ZipFile(path, "w") as archive:
             for header in headers:
+                if header == left_out:
+                    continue
                 data = header.read_bytes() + (b"// changed\n" if header == changed else b"")
                 archive.writestr(f"tvm_ffi/{header.relative_to(package).as_posix()}", data)
         return path
@@ -233,3 +235,6 @@ def test_the_build_s_tvm_ffi_headers_must_be_those_of_the_host_s_wheel(tmp_path:
     message = refusal(check_tvm_ffi_headers, wheel(changed))
     assert message.startswith(f"tvm_ffi/{changed.relative_to(package).as_posix()} of this ")
     assert "pin the same release in pins.toml's [build] and [cross.*]" in message
+    # A header the wheel does not ship at all: refused the same way.
+    message = refusal(check_tvm_ffi_headers, wheel(None, left_out=changed))
+    assert message.startswith(f"tvm_ffi/{changed.relative_to(package).as_posix()} of this ")

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -411,4 +412,22 @@ def test_the_paths_nvcc_would_see_are_checked_before_anything_runs(tmp_path: Pat
         f"the cache (SM120_CACHE_DIR) is '{tmp_path}/a cache', and the CUDA toolchain"
     )
     home = dataclasses.replace(REQUEST, cuda_home=tmp_path / "cuda;12")
-    assert refusal(check_paths, fine, home).startswith(f"--cuda-home is '{tmp_path}/cuda;12', ")
+    assert refusal(check_paths, fine, home) == (
+        f"--cuda-home is '{tmp_path}/cuda;12', and the CUDA toolchain cannot take a path with "
+        "whitespace, ';', quotes, '$' or '\\' in it (nvcc splits its options there). Use a "
+        "path without them: for the cache, set SM120_CACHE_DIR; for the checkout (nox keeps "
+        "its environments in .nox/ there), clone it elsewhere."
+    )
+
+
+def test_a_python_environment_nvcc_cannot_take_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernels compile against this environment's tvm-ffi headers: a venv under a path
+    with a space reaches nvcc's include options."""
+    monkeypatch.setattr(sys, "prefix", f"{tmp_path}/my env")
+    fine = Layout(root=tmp_path, cache=tmp_path / "cache")
+    assert refusal(check_paths, fine, REQUEST).startswith(
+        f"this Python environment (its tvm-ffi headers are compiled against) is "
+        f"'{tmp_path}/my env', and the CUDA toolchain cannot take"
+    )

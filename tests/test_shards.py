@@ -136,8 +136,12 @@ def test_read_shards_refuses_shards_of_different_builds(tmp_path: Path) -> None:
     other = write_set(tmp_path / "other", [["a"], ["b"]], key="other")
     shutil.rmtree(shards_dir / "2-of-2")
     shutil.copytree(other / "2-of-2", shards_dir / "2-of-2")
-    with pytest.raises(UserError, match="2 different builds"):
+    with pytest.raises(UserError) as caught:
         read_shards(shards_dir)
+    assert str(caught.value) == (
+        f"{shards_dir} holds shards of 2 different builds (inputs, profile, archs, toolkit or "
+        "shard count differ); keep one build's shards only"
+    )
 
 
 def test_merge_refuses_parts_whose_package_files_differ(tmp_path: Path) -> None:
@@ -258,3 +262,39 @@ def test_a_repeated_shard_is_named_as_such(tmp_path: Path) -> None:
         f"{shards_dir}: shard 2 of 2 is there twice (2-of-2, 2-of-2-again); keep one copy of "
         "each shard, then merge"
     )
+
+
+def test_every_repeated_shard_is_named(tmp_path: Path) -> None:
+    shards_dir = write_set(tmp_path, [["a"], ["b"]])
+    for label in ("1-of-2", "2-of-2"):
+        shutil.copytree(shards_dir / label, shards_dir / f"{label}-again")
+    with pytest.raises(UserError) as caught:
+        read_shards(shards_dir)
+    assert str(caught.value) == (
+        f"{shards_dir}: shard 1 of 2 is there twice (1-of-2, 1-of-2-again); shard 2 of 2 is "
+        "there twice (2-of-2, 2-of-2-again); keep one copy of each shard, then merge"
+    )
+
+
+def test_a_shard_numbered_outside_its_build_is_named(tmp_path: Path) -> None:
+    """A record changed to shard 3 of 2 was refused as "shards 2 of 2 are missing (found
+    1, 3)": shard 2's directory is there, and what is wrong is its record."""
+    shards_dir = write_set(tmp_path, [["a"], ["b"]])
+    record_file = shards_dir / "2-of-2" / "shard.json"
+    record = json.loads(record_file.read_text())
+    record_file.write_text(json.dumps({**record, "index": 3}))
+    with pytest.raises(UserError) as caught:
+        read_shards(shards_dir)
+    assert str(caught.value) == (
+        f"{shards_dir}: shard 3 is none of the build's 2 (its record was changed); build it "
+        "again, then merge"
+    )
+
+
+def test_a_shard_is_written_where_no_directory_was(tmp_path: Path) -> None:
+    """build_shard's --out-dir may name a directory whose parents do not exist yet."""
+    wheel = fake_wheel(tmp_path / "part.whl", ["a"])
+    record = {"key": "k", "index": 1, "count": 1, "plan": [["a"]], "modules": {"a": "r"}}
+    written = write_shard(tmp_path / "artifacts" / "shards", ShardSpec(1, 1), wheel, record)
+    assert written == tmp_path / "artifacts" / "shards" / "1-of-1"
+    assert [part.record["index"] for part in read_shards(written.parent)] == [1]

@@ -96,21 +96,18 @@ def check_tvm_ffi_headers(wheel: Path) -> None:
 
     package = Path(tvm_ffi.__file__).parent
     with zipfile.ZipFile(wheel) as archive:
-        shipped = {
-            name: archive.read(name)
-            for name in archive.namelist()
-            if name.startswith("tvm_ffi/") and "/include/" in name and not name.endswith("/")
-        }
-    for directory in tvm_ffi_include_dirs():
-        for header in sorted(Path(directory).rglob("*")):
-            if not header.is_file():
-                continue
-            name = f"tvm_ffi/{header.relative_to(package).as_posix()}"
-            if shipped.get(name) != header.read_bytes():
-                raise UserError(
-                    f"{name} of this environment's apache-tvm-ffi is not the one in "
-                    f"{wheel.name}: pin the same release in pins.toml's [build] and [cross.*]"
-                )
+        shipped = set(archive.namelist())
+        for directory in tvm_ffi_include_dirs():
+            for header in sorted(Path(directory).rglob("*")):
+                if not header.is_file():
+                    continue
+                name = f"tvm_ffi/{header.relative_to(package).as_posix()}"
+                if name not in shipped or archive.read(name) != header.read_bytes():
+                    raise UserError(
+                        f"{name} of this environment's apache-tvm-ffi is not the one in "
+                        f"{wheel.name}: pin the same release in pins.toml's [build] and "
+                        "[cross.*]"
+                    )
 
 
 # License texts of what the .so is compiled from that ship in the sources (kernel/licenses

@@ -234,10 +234,16 @@ def read_shards(shards_dir: Path) -> list[Part]:
         raise UserError(
             f"{shards_dir}: {'; '.join(copies)}; keep one copy of each shard, then merge"
         )
+    strays = [index for index in indices if not 1 <= index <= count]
+    if strays:
+        raise UserError(
+            f"{shards_dir}: shard {', '.join(map(str, strays))} is none of the build's "
+            f"{count} (its record was changed); build it again, then merge"
+        )
     if indices != list(range(1, count + 1)):
         missing = sorted(set(range(1, count + 1)) - set(indices))
         raise UserError(
-            f"{shards_dir}: shards {', '.join(map(str, missing)) or 'none'} of {count} are "
+            f"{shards_dir}: shards {', '.join(map(str, missing))} of {count} are "
             f"missing (found {', '.join(map(str, indices))}); build them, then merge"
         )
     builds.sort(key=lambda b: b.record["index"])
