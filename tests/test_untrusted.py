@@ -82,8 +82,9 @@ def test_base_wheel_members_may_only_go_where_a_jit_cache_keeps_them(
     tmp_path: Path, member: str, why: str
 ) -> None:
     base = base_wheel(tmp_path, jit_cache_files("0.6.3+cu130", {member: b"x"}))
-    with pytest.raises(UserError, match=why):
+    with pytest.raises(UserError, match=why) as caught:
         check_base(base, "0.6.3")
+    assert str(caught.value).startswith(f"--base-jit-cache {base.name}: refusing member ")
 
 
 def test_a_well_formed_jit_cache_wheel_with_its_licences_is_taken(tmp_path: Path) -> None:
@@ -131,6 +132,20 @@ def test_a_shard_wheel_changed_after_build_shard_is_not_merged(tmp_path: Path) -
     zip_wheel(written / wheel.name, tampered)
     with pytest.raises(UserError, match=r"shard 1-of-1: .* is not the wheel its build recorded"):
         read_shards(shards)
+
+
+def test_a_shard_wheel_recorded_with_a_planted_member_is_not_merged(tmp_path: Path) -> None:
+    """The hash matches (the shard's own build recorded it), the member does not belong in
+    a jit-cache wheel: refused by the shard's name before the merge reads anything."""
+    planted = {**jit_cache_files("1"), "sitecustomize.py": b"evil()\n"}
+    wheel = zip_wheel(tmp_path / "flashinfer_jit_cache-1-py3-none-any.whl", planted)
+    record = {"key": "k", "index": 1, "count": 1, "plan": [["norm"]], "modules": {"norm": "r"}}
+    write_shard(tmp_path / "shards", ShardSpec(1, 1), wheel, record)
+    with pytest.raises(UserError) as caught:
+        read_shards(tmp_path / "shards")
+    assert str(caught.value).startswith(
+        f"shard 1-of-1: {wheel.name}: refusing member 'sitecustomize.py': it "
+    )
 
 
 # --- sdists: nothing of them ever runs -----------------------------------------------------
