@@ -213,13 +213,13 @@ def test_a_written_shard_is_one_directory_with_its_record(tmp_path: Path) -> Non
 
 
 def test_shard_refusals_name_the_shard(tmp_path: Path) -> None:
-    shards_dir = write_set(tmp_path, [["a"], ["b"], ["c"]])
-    shutil.rmtree(shards_dir / "1-of-3")
-    shutil.rmtree(shards_dir / "3-of-3")
+    shards_dir = write_set(tmp_path, [["a"], ["b"], ["c"], ["d"]])
+    shutil.rmtree(shards_dir / "1-of-4")
+    shutil.rmtree(shards_dir / "3-of-4")
     with pytest.raises(UserError) as caught:
         read_shards(shards_dir)
     assert str(caught.value) == (
-        f"{shards_dir}: shards 1, 3 of 3 are missing (found 2); build them, then merge"
+        f"{shards_dir}: shards 1, 3 of 4 are missing (found 2, 4); build them, then merge"
     )
     with pytest.raises(UserError) as caught:
         read_shards(tmp_path / "none")
@@ -227,7 +227,7 @@ def test_shard_refusals_name_the_shard(tmp_path: Path) -> None:
         f"no shards in {tmp_path / 'none'}: run `nox -s build_shard -- --shard I/N` for each I "
         "(or download the shard artifacts there) first"
     )
-    record = shards_dir / "2-of-3" / "shard.json"
+    record = shards_dir / "2-of-4" / "shard.json"
     record.write_text("[]")
     with pytest.raises(UserError) as caught:
         read_shards(shards_dir)
@@ -279,15 +279,16 @@ def test_every_repeated_shard_is_named(tmp_path: Path) -> None:
 def test_a_shard_numbered_outside_its_build_is_named(tmp_path: Path) -> None:
     """A record changed to shard 3 of 2 was refused as "shards 2 of 2 are missing (found
     1, 3)": shard 2's directory is there, and what is wrong is its record."""
-    shards_dir = write_set(tmp_path, [["a"], ["b"]])
-    record_file = shards_dir / "2-of-2" / "shard.json"
-    record = json.loads(record_file.read_text())
-    record_file.write_text(json.dumps({**record, "index": 3}))
+    shards_dir = write_set(tmp_path, [["a"], ["b"], ["c"]])
+    for label, index in (("2-of-3", 0), ("3-of-3", 4)):
+        record_file = shards_dir / label / "shard.json"
+        record = json.loads(record_file.read_text())
+        record_file.write_text(json.dumps({**record, "index": index}))
     with pytest.raises(UserError) as caught:
         read_shards(shards_dir)
     assert str(caught.value) == (
-        f"{shards_dir}: shard 3 is none of the build's 2 (its record was changed); build it "
-        "again, then merge"
+        f"{shards_dir}: shard numbers 0, 4 are outside the build's 1-3 (a record was changed); "
+        "build those shards again, then merge"
     )
 
 

@@ -76,9 +76,10 @@ def parse_tvm_ffi_ninja(text: str) -> dict[str, Any]:
     return {
         "cuda_sources": [source for rule, source in compiles if rule == "compile_cuda"],
         "cxx_sources": [source for rule, source in compiles if rule == "compile"],
+        # cxxflags and ldflags are always written; cuda_cflags only for CUDA sources.
         "cuda_flags": shlex.split(variables.get("cuda_cflags", "")),
-        "cxx_flags": shlex.split(variables.get("cxxflags", "")),
-        "link_flags": shlex.split(variables.get("ldflags", "")),
+        "cxx_flags": shlex.split(variables["cxxflags"]),
+        "link_flags": shlex.split(variables["ldflags"]),
         "device_link": False,
     }
 

@@ -237,8 +237,8 @@ def read_shards(shards_dir: Path) -> list[Part]:
     strays = [index for index in indices if not 1 <= index <= count]
     if strays:
         raise UserError(
-            f"{shards_dir}: shard {', '.join(map(str, strays))} is none of the build's "
-            f"{count} (its record was changed); build it again, then merge"
+            f"{shards_dir}: shard numbers {', '.join(map(str, strays))} are outside the "
+            f"build's 1-{count} (a record was changed); build those shards again, then merge"
         )
     if indices != list(range(1, count + 1)):
         missing = sorted(set(range(1, count + 1)) - set(indices))
