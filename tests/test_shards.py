@@ -277,8 +277,9 @@ def test_every_repeated_shard_is_named(tmp_path: Path) -> None:
 
 
 def test_a_shard_numbered_outside_its_build_is_named(tmp_path: Path) -> None:
-    """A record changed to shard 3 of 2 was refused as "shards 2 of 2 are missing (found
-    1, 3)": shard 2's directory is there, and what is wrong is its record."""
+    """Records changed to shards 0 and 4 of 3 were refused as "shards 2, 3 of 3 are missing
+    (found 0, 1, 4)": those shards' directories are there, and what is wrong is their
+    records."""
     shards_dir = write_set(tmp_path, [["a"], ["b"], ["c"]])
     for label, index in (("2-of-3", 0), ("3-of-3", 4)):
         record_file = shards_dir / label / "shard.json"
