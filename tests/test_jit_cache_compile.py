@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import zipfile
@@ -78,7 +79,9 @@ def gen_norm_module():
     return JitSpec("norm", [str(CSRC / "norm.cu")])
 
 def gen_rope_module():
-    return JitSpec("rope", [str(CSRC / "rope.cu")], extra_cuda_cflags=["-DROPE=1"])
+    return JitSpec(
+        "rope", [str(CSRC / "rope.cu"), str(CSRC / "rope_host.cpp")], extra_cuda_cflags=["-DROPE=1"]
+    )
 """
 BUILD_BACKEND = 'def _create_data_dir():\n    ln("csrc", "csrc")\n'
 KERNEL = "__global__ void {name}_kernel(float* x) {{ x[threadIdx.x] = {value}; }}\n"
@@ -136,6 +139,7 @@ def flashinfer_files(value: str = "1.0f") -> dict[str, str]:
         "flashinfer/gen.py": GENERATORS,
         "csrc/norm.cu": KERNEL.format(name="norm", value=value),
         "csrc/rope.cu": KERNEL.format(name="rope", value="2.0f"),
+        "csrc/rope_host.cpp": "int rope_host() { return 2; }\n",
     }
 
 
@@ -194,7 +198,11 @@ def test_a_part_is_compiled_recorded_cached_and_reused(
     assert record["toolkit"] == {"cuda": cuda.full_version, "source": "test toolkit"}
     assert record["plan"] == [sorted(built)]
     commands = record["compile_commands"]
-    assert isinstance(commands, list) and len(commands) == 3
+    assert isinstance(commands, list) and len(commands) == 4
+    # CUDA compiled by the toolkit the build was given (CMake told so), not by whichever nvcc
+    # PATH finds.
+    cuda_compilers = [c[0] for c in commands if c[c.index("-c") + 1].endswith(".cu")]
+    assert cuda_compilers == ["$CUDA_HOME/bin/nvcc"] * 3
     words = " ".join(" ".join(command) for command in commands)
     # The sources are named by what they are, not where this build exported them.
     assert "-c $FLASHINFER/flashinfer/data/csrc/norm.cu" in words and "-DROPE=1" in words
@@ -204,7 +212,9 @@ def test_a_part_is_compiled_recorded_cached_and_reused(
     assert "-gencode=arch=compute_120,code=sm_120 " in words
     assert len(list(layout.built_modules.iterdir())) == 3
     out = capsys.readouterr().err
-    assert "compiling 3 module(s), 3 translation units, for sm_120f" in out
+    assert "compiling 3 module(s), 4 translation units, for sm_120f" in out
+    # Every compiler ran through sccache, the cache's own, which had none of it yet.
+    assert re.search(r"sccache: 0 hits, [1-9]\d* misses", out), out
 
     # The same inputs: the part's own cache entry, the same wheel.
     again = compile_part(layout, pins, request, cuda, "test toolkit", WHOLE)
@@ -219,13 +229,17 @@ def test_a_part_is_compiled_recorded_cached_and_reused(
     out = capsys.readouterr().err
     assert "2 of 2 module(s) built before from the same inputs" in out
     assert "making the jit-cache package (no module to compile)" in out
+    assert "sccache:" not in out  # nothing to compile, no server started
     assert shared_objects(other.wheel) == {name: built[name] for name in ("norm", "rope")}
     assert other.record["modules"] == {"norm": "norm", "rope": "rope"}
-    assert other.record["compile_commands"] == commands[:2]
+    assert other.record["compile_commands"] == commands[:3]  # norm.cu, rope.cu, rope_host.cpp
 
-    # Another toolkit source is another compiler's output: compiled again.
+    # Another toolkit source is another compiler's output: compiled again, every unit of it
+    # (C++ and CUDA) through sccache, which has them all.
     compile_part(layout, pins, request, cuda, "another source", WHOLE)
-    assert "compiling 3 module(s)" in capsys.readouterr().err
+    out = capsys.readouterr().err
+    assert "compiling 3 module(s)" in out
+    assert re.search(r"sccache: [1-9]\d* hits, 0 misses", out), out
 
 
 def test_a_changed_kernel_is_compiled_again(
