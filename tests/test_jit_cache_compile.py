@@ -213,8 +213,10 @@ def test_a_part_is_compiled_recorded_cached_and_reused(
     assert len(list(layout.built_modules.iterdir())) == 3
     out = capsys.readouterr().err
     assert "compiling 3 module(s), 4 translation units, for sm_120f" in out
-    # Every compiler ran through sccache, the cache's own, which had none of it yet.
-    assert re.search(r"sccache: 0 hits, [1-9]\d* misses", out), out
+    # Every unit was compiled through sccache (nvcc's through its CUDA launcher, at least
+    # one step each), the cache's own, which had none of them yet.
+    first = re.search(r"sccache: 0 hits, (\d+) misses", out)
+    assert first and int(first[1]) >= 4, out
 
     # The same inputs: the part's own cache entry, the same wheel.
     again = compile_part(layout, pins, request, cuda, "test toolkit", WHOLE)
@@ -239,7 +241,8 @@ def test_a_part_is_compiled_recorded_cached_and_reused(
     compile_part(layout, pins, request, cuda, "another source", WHOLE)
     out = capsys.readouterr().err
     assert "compiling 3 module(s)" in out
-    assert re.search(r"sccache: [1-9]\d* hits, 0 misses", out), out
+    again = re.search(r"sccache: (\d+) hits, 0 misses", out)
+    assert again and int(again[1]) == int(first[1]), out
 
 
 def test_a_changed_kernel_is_compiled_again(
