@@ -241,8 +241,8 @@ def test_a_part_is_compiled_recorded_cached_and_reused(
     compile_part(layout, pins, request, cuda, "another source", WHOLE)
     out = capsys.readouterr().err
     assert "compiling 3 module(s)" in out
-    again = re.search(r"sccache: (\d+) hits, 0 misses", out)
-    assert again and int(again[1]) == int(first[1]), out
+    rebuilt = re.search(r"sccache: (\d+) hits, 0 misses", out)
+    assert rebuilt and int(rebuilt[1]) == int(first[1]), out
 
 
 def test_a_changed_kernel_is_compiled_again(
