@@ -565,6 +565,7 @@ def mutants(session: nox.Session) -> None:
         project=False,
     )
     shutil.rmtree(ROOT / "mutants", ignore_errors=True)  # results of other code would be reused
+    env = {"PYTHONPATH": str(SRC)}
     # The compile stage's tests (marked `mutation`) run nvcc: the pinned toolkit's, installed
     # into the cache as a build installs it, so the job needs no CUDA of its own.
     cuda_home = session.run(
@@ -574,10 +575,9 @@ def mutants(session: nox.Session) -> None:
         "from sm120_build.layout import Layout; layout = Layout.from_root(Path.cwd()); "
         "print(toolkit.pip_toolkit(pins.load(layout.pins_file).toolkit_requirement, "
         "layout.cache).home)",
-        env={"PYTHONPATH": str(SRC)},
+        env=env,
         silent=True,
     )
-    env = {"PYTHONPATH": str(SRC)}
     if isinstance(cuda_home, str):  # None under nox --install-only
         env["CUDA_HOME"] = cuda_home.strip().splitlines()[-1]
     session.run("mutmut", "run", env=env, success_codes=[0, 1])

@@ -23,7 +23,7 @@ from sm120_build.jit_cache.shards import (
     write_shard,
 )
 
-from .conftest import zip_wheel
+from .conftest import refusal, zip_wheel
 
 
 def module(name: str, units: int, recipe: str | None = None) -> Module:
@@ -136,9 +136,7 @@ def test_read_shards_refuses_shards_of_different_builds(tmp_path: Path) -> None:
     other = write_set(tmp_path / "other", [["a"], ["b"]], key="other")
     shutil.rmtree(shards_dir / "2-of-2")
     shutil.copytree(other / "2-of-2", shards_dir / "2-of-2")
-    with pytest.raises(UserError) as caught:
-        read_shards(shards_dir)
-    assert str(caught.value) == (
+    assert refusal(read_shards, shards_dir) == (
         f"{shards_dir} holds shards of 2 different builds (inputs, profile, archs, toolkit or "
         "shard count differ); keep one build's shards only"
     )
@@ -154,9 +152,7 @@ def test_merge_refuses_parts_whose_package_files_differ(tmp_path: Path) -> None:
 def test_shard_spec_bounds() -> None:
     assert ShardSpec.parse("1/1") == ShardSpec(1, 1)
     assert ShardSpec.parse(" 3/3 ") == ShardSpec(3, 3)
-    with pytest.raises(UserError) as caught:
-        ShardSpec.parse("0/3")
-    assert str(caught.value) == "--shard 0/3: expected I/N with 1 <= I <= N, e.g. 2/4"
+    assert refusal(ShardSpec.parse, "0/3") == "--shard 0/3: expected I/N with 1 <= I <= N, e.g. 2/4"
 
 
 def test_the_plan_table_sums_each_shard() -> None:
@@ -216,23 +212,18 @@ def test_shard_refusals_name_the_shard(tmp_path: Path) -> None:
     shards_dir = write_set(tmp_path, [["a"], ["b"], ["c"], ["d"]])
     shutil.rmtree(shards_dir / "1-of-4")
     shutil.rmtree(shards_dir / "3-of-4")
-    with pytest.raises(UserError) as caught:
-        read_shards(shards_dir)
-    assert str(caught.value) == (
+    assert refusal(read_shards, shards_dir) == (
         f"{shards_dir}: shards 1, 3 of 4 are missing (found 2, 4); build them, then merge"
     )
-    with pytest.raises(UserError) as caught:
-        read_shards(tmp_path / "none")
-    assert str(caught.value) == (
+    assert refusal(read_shards, tmp_path / "none") == (
         f"no shards in {tmp_path / 'none'}: run `nox -s build_shard -- --shard I/N` for each I "
         "(or download the shard artifacts there) first"
     )
     record = shards_dir / "2-of-4" / "shard.json"
     record.write_text("[]")
-    with pytest.raises(UserError) as caught:
-        read_shards(shards_dir)
-    assert str(caught.value).startswith(f"{record} is not a shard record of this tool (TypeError: ")
-    assert str(caught.value).endswith("; build that shard again with `nox -s build_shard`")
+    message = refusal(read_shards, shards_dir)
+    assert message.startswith(f"{record} is not a shard record of this tool (TypeError: ")
+    assert message.endswith("; build that shard again with `nox -s build_shard`")
 
 
 def test_a_shard_that_built_another_share_or_holds_two_wheels_is_refused(tmp_path: Path) -> None:
@@ -240,13 +231,12 @@ def test_a_shard_that_built_another_share_or_holds_two_wheels_is_refused(tmp_pat
     wheel = fake_wheel(tmp_path / "part.whl", ["a"])
     record = {"key": "k", "index": 1, "count": 1, "plan": [["a", "b"]]}
     write_shard(shards_dir, ShardSpec(1, 1), wheel, {**record, "modules": {"a": "r"}})
-    with pytest.raises(UserError) as caught:
-        read_shards(shards_dir)
-    assert str(caught.value) == "shard 1/1 built ['a'], not its share of the plan ['a', 'b']"
+    assert (
+        refusal(read_shards, shards_dir)
+        == "shard 1/1 built ['a'], not its share of the plan ['a', 'b']"
+    )
     shutil.copy(wheel, shards_dir / "1-of-1" / "extra.whl")
-    with pytest.raises(UserError) as caught:
-        read_shards(shards_dir)
-    assert str(caught.value) == (
+    assert refusal(read_shards, shards_dir) == (
         f"{shards_dir / '1-of-1'} should hold one wheel, not 2: build it again"
     )
 
@@ -256,9 +246,7 @@ def test_a_repeated_shard_is_named_as_such(tmp_path: Path) -> None:
     are missing (found 1, 2, 2)", which contradicts itself."""
     shards_dir = write_set(tmp_path, [["a"], ["b"]])
     shutil.copytree(shards_dir / "2-of-2", shards_dir / "2-of-2-again")
-    with pytest.raises(UserError) as caught:
-        read_shards(shards_dir)
-    assert str(caught.value) == (
+    assert refusal(read_shards, shards_dir) == (
         f"{shards_dir}: shard 2 of 2 is there twice (2-of-2, 2-of-2-again); keep one copy of "
         "each shard, then merge"
     )
@@ -268,9 +256,7 @@ def test_every_repeated_shard_is_named(tmp_path: Path) -> None:
     shards_dir = write_set(tmp_path, [["a"], ["b"]])
     for label in ("1-of-2", "2-of-2"):
         shutil.copytree(shards_dir / label, shards_dir / f"{label}-again")
-    with pytest.raises(UserError) as caught:
-        read_shards(shards_dir)
-    assert str(caught.value) == (
+    assert refusal(read_shards, shards_dir) == (
         f"{shards_dir}: shard 1 of 2 is there twice (1-of-2, 1-of-2-again); shard 2 of 2 is "
         "there twice (2-of-2, 2-of-2-again); keep one copy of each shard, then merge"
     )
@@ -285,9 +271,7 @@ def test_a_shard_numbered_outside_its_build_is_named(tmp_path: Path) -> None:
         record_file = shards_dir / label / "shard.json"
         record = json.loads(record_file.read_text())
         record_file.write_text(json.dumps({**record, "index": index}))
-    with pytest.raises(UserError) as caught:
-        read_shards(shards_dir)
-    assert str(caught.value) == (
+    assert refusal(read_shards, shards_dir) == (
         f"{shards_dir}: shard numbers 0, 4 are outside the build's 1-3 (a record was changed); "
         "build those shards again, then merge"
     )

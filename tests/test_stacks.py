@@ -14,6 +14,7 @@ import pytest
 from sm120_build.errors import UserError
 from sm120_build.layout import Layout, stacks
 from sm120_build.pins import load as load_pins
+from sm120_build.pins import read_toml
 
 from .conftest import REPO
 
@@ -73,17 +74,13 @@ def test_mutation_testing_copies_every_stacks_own_files() -> None:
     """mutmut runs the tests in a copy of the checkout made from [tool.mutmut] also_copy:
     a stack whose tracked files are not listed there fails its tests under mutmut only
     (and every mutant they reach then counts as killed)."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:
-        import tomli as tomllib
     toplevel = subprocess.run(
         ["git", "rev-parse", "--show-toplevel"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip()
     if toplevel != str(REPO.resolve()):
         # mutmut's own copy (mutants/, ignored by git): it holds only what also_copy lists.
         pytest.skip("not a git checkout's top: nothing here is tracked")
-    also_copy = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mutmut"]["also_copy"]
+    also_copy = read_toml(REPO / "pyproject.toml")["tool"]["mutmut"]["also_copy"]
     tracked = subprocess.run(
         ["git", "ls-files", "stacks"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.split()
@@ -102,10 +99,6 @@ def test_mutation_testing_type_checks_exactly_the_mutated_files() -> None:
     """mutmut counts a mutant that mypy rejects as caught: mypy must read every mutated
     file (or those mutants run the tests for nothing), and no other (an error outside a
     mutated function stops mutmut's whole run)."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:
-        import tomli as tomllib
-    mutmut = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mutmut"]
+    mutmut = read_toml(REPO / "pyproject.toml")["tool"]["mutmut"]
     checked = [word for word in mutmut["type_check_command"] if word.startswith("src/")]
     assert checked == mutmut["source_paths"]

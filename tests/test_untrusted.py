@@ -30,6 +30,7 @@ from .conftest import (
     install_this_project,
     make_tarball,
     record_of,
+    refusal,
     zip_wheel,
 )
 
@@ -141,9 +142,7 @@ def test_a_shard_wheel_recorded_with_a_planted_member_is_not_merged(tmp_path: Pa
     wheel = zip_wheel(tmp_path / "flashinfer_jit_cache-1-py3-none-any.whl", planted)
     record = {"key": "k", "index": 1, "count": 1, "plan": [["norm"]], "modules": {"norm": "r"}}
     write_shard(tmp_path / "shards", ShardSpec(1, 1), wheel, record)
-    with pytest.raises(UserError) as caught:
-        read_shards(tmp_path / "shards")
-    assert str(caught.value).startswith(
+    assert refusal(read_shards, tmp_path / "shards").startswith(
         f"shard 1-of-1: {wheel.name}: refusing member 'sitecustomize.py': it "
     )
 
