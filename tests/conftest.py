@@ -102,6 +102,13 @@ def zip_wheel(path: Path, files: dict[str, bytes]) -> Path:
     return path
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The compile tests (marked `mutation`) after the rest: the mutation run stops at a
+    mutant's first failing test (`-x`), so it pays for nvcc only when no quicker test
+    failed first. The sort is stable: the order is otherwise pytest's own."""
+    items.sort(key=lambda item: item.get_closest_marker("mutation") is not None)
+
+
 def fixture_upstream(sdist: Path, name: str = "demo") -> Upstream:
     return Upstream(
         name=name,

@@ -179,6 +179,60 @@ def shared_objects(wheel: Path) -> dict[str, str]:
         }
 
 
+def test_an_unknown_recipe_is_refused_before_anything_compiles(
+    layout: Layout, pins: pins_module.Pins, cuda: Toolkit
+) -> None:
+    request = KernelRequest({"gone": "flashinfer.gen:gen_gone_module()"}, ARCHS)
+    with pytest.raises(UserError, match="gen_gone_module"):
+        compile_part(layout, pins, request, cuda, "t", WHOLE)
+    assert not layout.built_modules.exists()
+
+
+def test_sglang_s_own_environment_is_made_only_for_its_kernels_package(
+    layout: Layout, pins: pins_module.Pins
+) -> None:
+    # 0.5.9's layout (sglang/jit_kernel/): rendered in this environment.
+    assert _sglang_python(layout, pins) is None
+
+
+def test_the_plan_renders_the_modules_and_prints_their_split(
+    layout: Layout, pins: pins_module.Pins, cuda: Toolkit, capsys: pytest.CaptureFixture[str]
+) -> None:
+    request = KernelRequest({**FLASHINFER, **SGLANG}, ARCHS)
+    split = plan(layout, pins, request, cuda, 2)
+    assert sorted(name for share in split for name in share) == [
+        "norm",
+        "rope",
+        "sgl_kernel_jit_probe_2048",
+    ]
+    assert len(split) == 2 and all(split)
+    rows = capsys.readouterr().out.splitlines()
+    # A row per shard, under the table's head, with its share's module count.
+    assert rows[0].split()[:2] == ["shard", "modules"]
+    assert [row.split()[:2] for row in rows[1:]] == [
+        ["1", str(len(split[0]))],
+        ["2", str(len(split[1]))],
+    ]
+    # Planning compiles nothing and caches nothing.
+    assert not layout.built_modules.exists()
+
+
+def test_a_kernel_that_does_not_compile_stops_the_build_with_nvcc_s_words(
+    layout: Layout, pins: pins_module.Pins, cuda: Toolkit
+) -> None:
+    files = flashinfer_files()
+    files["csrc/norm.cu"] = "__global__ void norm_kernel() { undeclared_name; }\n"
+    committed(layout.vendor / "flashinfer", files, inputs_of(layout.root, "d"))
+    request = KernelRequest(FLASHINFER, ARCHS)
+    message = refusal(lambda: compile_part(layout, pins, request, cuda, "t", WHOLE))
+    assert "the jit-cache build failed" in message
+    assert 'identifier "undeclared_name" is undefined' in message
+    assert "Nothing was added to wheelhouse/." in message
+    # Nothing is cached from a failed build: not the part, not a module.
+    assert not list((layout.cache / "artifacts" / "jit-cache").glob("*/record.json"))
+    assert not layout.built_modules.exists() or not list(layout.built_modules.iterdir())
+
+
 def test_a_part_is_compiled_recorded_cached_and_reused(
     layout: Layout, pins: pins_module.Pins, cuda: Toolkit, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -282,57 +336,3 @@ def test_shards_give_the_whole_build_s_bytes(
     )
     assert shared_objects(sharded) == shared_objects(whole)
     assert sharded.read_bytes() == whole.read_bytes()
-
-
-def test_a_kernel_that_does_not_compile_stops_the_build_with_nvcc_s_words(
-    layout: Layout, pins: pins_module.Pins, cuda: Toolkit
-) -> None:
-    files = flashinfer_files()
-    files["csrc/norm.cu"] = "__global__ void norm_kernel() { undeclared_name; }\n"
-    committed(layout.vendor / "flashinfer", files, inputs_of(layout.root, "d"))
-    request = KernelRequest(FLASHINFER, ARCHS)
-    message = refusal(lambda: compile_part(layout, pins, request, cuda, "t", WHOLE))
-    assert "the jit-cache build failed" in message
-    assert 'identifier "undeclared_name" is undefined' in message
-    assert "Nothing was added to wheelhouse/." in message
-    # Nothing is cached from a failed build: not the part, not a module.
-    assert not list((layout.cache / "artifacts" / "jit-cache").glob("*/record.json"))
-    assert not layout.built_modules.exists() or not list(layout.built_modules.iterdir())
-
-
-def test_the_plan_renders_the_modules_and_prints_their_split(
-    layout: Layout, pins: pins_module.Pins, cuda: Toolkit, capsys: pytest.CaptureFixture[str]
-) -> None:
-    request = KernelRequest({**FLASHINFER, **SGLANG}, ARCHS)
-    split = plan(layout, pins, request, cuda, 2)
-    assert sorted(name for share in split for name in share) == [
-        "norm",
-        "rope",
-        "sgl_kernel_jit_probe_2048",
-    ]
-    assert len(split) == 2 and all(split)
-    rows = capsys.readouterr().out.splitlines()
-    # A row per shard, under the table's head, with its share's module count.
-    assert rows[0].split()[:2] == ["shard", "modules"]
-    assert [row.split()[:2] for row in rows[1:]] == [
-        ["1", str(len(split[0]))],
-        ["2", str(len(split[1]))],
-    ]
-    # Planning compiles nothing and caches nothing.
-    assert not layout.built_modules.exists()
-
-
-def test_sglang_s_own_environment_is_made_only_for_its_kernels_package(
-    layout: Layout, pins: pins_module.Pins
-) -> None:
-    # 0.5.9's layout (sglang/jit_kernel/): rendered in this environment.
-    assert _sglang_python(layout, pins) is None
-
-
-def test_an_unknown_recipe_is_refused_before_anything_compiles(
-    layout: Layout, pins: pins_module.Pins, cuda: Toolkit
-) -> None:
-    request = KernelRequest({"gone": "flashinfer.gen:gen_gone_module()"}, ARCHS)
-    with pytest.raises(UserError, match="gen_gone_module"):
-        compile_part(layout, pins, request, cuda, "t", WHOLE)
-    assert not layout.built_modules.exists()
