@@ -342,7 +342,7 @@ def build_jit_cache_wheel(
             if launcher is not None:
                 launcher.finish()
     if returncode != 0:
-        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-60:])
+        tail = "".join(log.read_text(encoding="utf-8").splitlines(keepends=True)[-60:])
         raise UserError(
             f"the jit-cache build failed; the end of its output:\n{tail}\n"
             "(--verbose shows all of it as it runs.) Nothing was added to wheelhouse/."
@@ -385,9 +385,16 @@ def _run_showing_progress(command: list[str], env: dict[str, str], log: Path) ->
     thread.start()
     try:
         with (
-            log.open("w") as kept,
+            log.open("w", encoding="utf-8") as kept,
+            # A compiler echoes the source line it complains of, in whatever bytes the source
+            # has: undecodable bytes must not end the build's reader (and hide the error).
             subprocess.Popen(
-                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                command,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                encoding="utf-8",
+                errors="replace",
             ) as process,
         ):
             assert process.stdout is not None
