@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from sm120_build import pins as pins_module
+from sm120_build import sglang_env
+from sm120_build.cache import digest
 from sm120_build.errors import UserError
 from sm120_build.jit_cache import (
     KernelRequest,
@@ -139,7 +141,8 @@ def flashinfer_files(value: str = "1.0f") -> dict[str, str]:
         "flashinfer/gen.py": GENERATORS,
         "csrc/norm.cu": KERNEL.format(name="norm", value=value),
         "csrc/rope.cu": KERNEL.format(name="rope", value="2.0f"),
-        "csrc/rope_host.cpp": "int rope_host() { return 2; }\n",
+        # __FILE__ is kept in the binary: the build's prefix maps name it portably.
+        "csrc/rope_host.cpp": "const char* rope_host() { return __FILE__; }\n",
     }
 
 
@@ -193,6 +196,14 @@ def test_sglang_s_own_environment_is_made_only_for_its_kernels_package(
 ) -> None:
     # 0.5.9's layout (sglang/jit_kernel/): rendered in this environment.
     assert _sglang_python(layout, pins) is None
+    # 0.5.11's (sglang/kernels/jit/): in sglang's own environment, here one made before.
+    (layout.vendor / "sglang" / "sglang" / "kernels" / "jit").mkdir(parents=True)
+    sglang = pins.upstream("sglang")
+    _, version = sglang_env.interpreter(pins)
+    entry = layout.cache / "derive-env" / digest("derive", sglang.version, version)[:16]
+    entry.mkdir(parents=True)
+    (entry / "complete").write_text("")
+    assert _sglang_python(layout, pins) == entry / "venv" / "bin" / "python"
 
 
 def test_the_plan_renders_the_modules_and_prints_their_split(
@@ -225,23 +236,55 @@ def test_a_kernel_that_does_not_compile_stops_the_build_with_nvcc_s_words(
     committed(layout.vendor / "flashinfer", files, inputs_of(layout.root, "d"))
     request = KernelRequest(FLASHINFER, ARCHS)
     message = refusal(lambda: compile_part(layout, pins, request, cuda, "t", WHOLE))
-    assert "the jit-cache build failed" in message
-    assert 'identifier "undeclared_name" is undefined' in message
-    assert "Nothing was added to wheelhouse/." in message
+    head, tail = message.split("\n", 1)
+    assert head == "the jit-cache build failed; the end of its output:"
+    tail, advice = tail.rsplit("\n\n", 1)
+    assert advice == "(--verbose shows all of it as it runs.) Nothing was added to wheelhouse/."
+    # The end of the log (at most 60 lines), each line whole.
+    lines = tail.split("\n")
+    assert 1 < len(lines) <= 60, tail
+    assert any(line.endswith('error: identifier "undeclared_name" is undefined') for line in lines)
     # Nothing is cached from a failed build: not the part, not a module.
     assert not list((layout.cache / "artifacts" / "jit-cache").glob("*/record.json"))
     assert not layout.built_modules.exists() or not list(layout.built_modules.iterdir())
 
 
+def test_a_compiler_s_words_that_are_not_utf_8_are_shown_with_the_bytes_replaced(
+    layout: Layout, pins: pins_module.Pins, cuda: Toolkit
+) -> None:
+    # gcc quotes the line it complains of as its bytes are: here Latin-1.
+    tree = layout.vendor / "flashinfer"
+    (tree / "csrc/rope_host.cpp").write_bytes(
+        b'const char* rope_host() { undeclared_name; return "caf\xe9"; }\n'
+    )
+    committed(tree, {}, inputs_of(layout.root, "e"))
+    request = KernelRequest({"rope": FLASHINFER["rope"]}, ARCHS)
+    message = refusal(lambda: compile_part(layout, pins, request, cuda, "t", WHOLE))
+    assert "error: \u2018undeclared_name\u2019 was not declared" in message or (
+        "error: 'undeclared_name' was not declared" in message
+    )
+    assert '{ undeclared_name; return "caf\ufffd' in message
+
+
 def test_a_part_is_compiled_recorded_cached_and_reused(
     layout: Layout, pins: pins_module.Pins, cuda: Toolkit, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # Python's bytecode of the kernel project's package (a checkout that imported it) is not
+    # the wheel's.
+    stale = layout.kernel_project / "flashinfer_jit_cache" / "__pycache__" / "stale.pyc"
+    stale.parent.mkdir(exist_ok=True)
+    stale.write_bytes(b"stale")
     request = KernelRequest({**FLASHINFER, **SGLANG}, ARCHS)
     part = compile_part(layout, pins, request, cuda, "test toolkit", WHOLE)
     built = shared_objects(part.wheel)
     assert sorted(built) == ["norm", "rope", "sgl_kernel_jit_probe_2048"]
     with zipfile.ZipFile(part.wheel) as archive:
         assert "flashinfer_jit_cache/jit_cache/norm/norm.so" in archive.namelist()
+        assert not [name for name in archive.namelist() if "__pycache__" in name]
+        rope = archive.read("flashinfer_jit_cache/jit_cache/rope/rope.so")
+    # The source path in the binary is the portable name, not where this build exported it.
+    assert b"\0flashinfer/flashinfer/data/csrc/rope_host.cpp\0" in rope
+    assert b"/tmp/sm120-build-" not in rope
     record = part.record
     assert record["modules"] == {
         "norm": "norm",
@@ -267,6 +310,9 @@ def test_a_part_is_compiled_recorded_cached_and_reused(
     assert len(list(layout.built_modules.iterdir())) == 3
     out = capsys.readouterr().err
     assert "compiling 3 module(s), 4 translation units, for sm_120f" in out
+    # ninja's progress is shown as it compiles (the rest of the build's output is not).
+    assert re.search(r"^\s*\[\d+/\d+\] ", out, re.M), out
+    assert "-- Configuring done" not in out
     # Every unit was compiled through sccache (nvcc's through its CUDA launcher, at least
     # one step each), the cache's own, which had none of them yet.
     first = re.search(r"sccache: 0 hits, (\d+) misses", out)

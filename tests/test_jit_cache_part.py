@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from sm120_build import jit_cache
 from sm120_build import pins as pins_module
 from sm120_build.cache import sha256_of, store_wheel
 from sm120_build.errors import UserError
@@ -184,6 +185,39 @@ def test_the_host_compiler_keys_every_module(
     compiler.chmod(0o755)
     monkeypatch.setenv("CXX", str(compiler))
     assert changed(before, keys_of()) == {"inputs", "build", "entry"}
+
+
+def test_the_python_whose_headers_modules_include_keys_every_module(
+    keys_of: KeysOf, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = keys_of()
+    monkeypatch.setattr("platform.python_version", lambda: "3.99.0")
+    assert changed(before, keys_of()) == {"inputs", "build", "entry"}
+
+
+def test_the_code_that_shapes_modules_keys_them_and_the_code_that_splits_keys_parts(
+    keys_of: KeysOf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy of this package stands for it, changed one file at a time."""
+    here = Path(jit_cache.__file__).parent
+    copy = tmp_path / "sm120_build"
+    shutil.copytree(here.parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(jit_cache, "_HERE", copy / "jit_cache")
+    before = keys_of()
+    for name, keys in [
+        ("jit_cache/render.py", {"inputs", "build", "entry"}),
+        ("jit_cache/sccache.py", {"inputs", "build", "entry"}),
+        ("toolkit.py", {"inputs", "build", "entry"}),
+        ("hosts.py", {"inputs", "build", "entry"}),
+        ("jit_cache/shards.py", {"build", "entry"}),
+        ("jit_cache/__init__.py", {"build", "entry"}),
+    ]:
+        file = copy / name
+        original = file.read_text()
+        file.write_text(original + "# changed\n")
+        assert changed(before, keys_of()) == keys, name
+        file.write_text(original)
+    assert keys_of() == before
 
 
 @pytest.mark.skipif(
