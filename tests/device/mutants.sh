@@ -14,6 +14,8 @@
 #   tests/device/mutants.sh start SECONDS   install, start mutmut detached, watch it SECONDS
 #   tests/device/mutants.sh watch SECONDS   watch it SECONDS more
 #   tests/device/mutants.sh collect         $OUT/meta.tgz: the verdicts so far
+# Back here, with the local run stopped: tests/device/mutants_merge.py meta.tgz names.txt
+# (in $RUN), then `mutmut run` again for the rest.
 set -euo pipefail
 bin=$(dirname "$(python3 -c 'import sys; print(sys.executable)')")
 work=/tmp/mutants-run
