@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from sm120_build.errors import UserError
 from sm120_build.jit_cache import cmake
 from sm120_build.jit_cache.render import Module
 from sm120_build.toolkit import Toolkit
+
+from .conftest import refusal
 
 TOOLKIT = Toolkit(Path("/opt/cuda"), (13, 0), "13.0.88", frozenset({"sm_120"}))
 
@@ -251,3 +254,16 @@ def test_the_build_s_output_is_kept_whole_in_its_log_and_only_progress_is_shown(
         "-- noise from the build's environment\n[1/2] Building CUDA object a.o\nan error\n"
     )
     assert capsys.readouterr().err == "[1/2] Building CUDA object a.o\n"
+
+
+def test_tvm_ffi_s_library_dir_is_where_its_shared_library_is() -> None:
+    pytest.importorskip("tvm_ffi", reason="the build's tvm-ffi (pins.toml [build])")
+    assert (Path(cmake.tvm_ffi_library_dir()) / "libtvm_ffi.so").is_file()
+
+
+def test_without_tvm_ffi_the_build_says_to_run_through_nox(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tvm_ffi", None)  # what `import tvm_ffi` raises on
+    assert refusal(cmake.tvm_ffi_include_dirs) == (
+        "apache-tvm-ffi is not installed in this environment; run the build through "
+        "`nox -s build_wheels`, which installs the pinned build requirements"
+    )
