@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sm120_build.bump.candidate import fetch_candidate
+from sm120_build.cache import sha256_of
 from sm120_build.errors import UserError
 from sm120_build.fetch import fetch_sdist
 from sm120_build.jit_cache.overlay import check_base, overlay_base
@@ -129,10 +130,14 @@ def test_a_shard_wheel_changed_after_build_shard_is_not_merged(tmp_path: Path) -
     written = write_shard(shards, ShardSpec(1, 1), wheel, record)
     assert read_shards(shards)[0].record["wheel"]["file"] == wheel.name
     # Tampered consistently: a valid wheel with a fresh RECORD, only the bytes differ.
+    recorded = sha256_of(wheel)
     tampered = {**files, MODULE: b"\x7fELF norm" + b"\x90" * 16}
     zip_wheel(written / wheel.name, tampered)
-    with pytest.raises(UserError, match=r"shard 1-of-1: .* is not the wheel its build recorded"):
-        read_shards(shards)
+    assert refusal(lambda: read_shards(shards)) == (
+        f"shard 1-of-1: {wheel.name} is not the wheel its build recorded ({wheel.name}, "
+        f"sha256 {recorded}; it has {sha256_of(written / wheel.name)}). It changed after "
+        "`build_shard`: build that shard again, or fetch it again from its build."
+    )
 
 
 def test_a_shard_wheel_recorded_with_a_planted_member_is_not_merged(tmp_path: Path) -> None:
