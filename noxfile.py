@@ -565,7 +565,9 @@ def mutants(session: nox.Session) -> None:
         project=False,
     )
     shutil.rmtree(ROOT / "mutants", ignore_errors=True)  # results of other code would be reused
-    env = {"PYTHONPATH": str(SRC)}
+    # mutmut forks each mutant's tests from a process that ran torch (the clean run): a forked
+    # OpenMP pool waits forever, and every mutant after it timed out ("caught"), killed or not.
+    env = {"PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
     # The compile stage's tests (marked `mutation`) run nvcc: the pinned toolkit's, installed
     # into the cache as a build installs it, so the job needs no CUDA of its own.
     cuda_home = session.run(

@@ -52,7 +52,8 @@ text = re.sub(r"type_check_command = \[.*?\n\]\n", "", text, flags=re.S)
 open(path, "w").write(text)
 EOF
   cd "$work"
-  export PYTHONPATH=src PATH="$bin:$PATH" CUDA_HOME=/usr/local/cuda
+  # OMP_NUM_THREADS: a fork of torch's OpenMP pool hangs (noxfile.py's mutants session).
+  export PYTHONPATH=src PATH="$bin:$PATH" CUDA_HOME=/usr/local/cuda OMP_NUM_THREADS=1
   # shellcheck disable=SC2046
   setsid nohup mutmut run --max-children 15 $(cat names.txt) >"$log" 2>&1 </dev/null &
   sleep 5
