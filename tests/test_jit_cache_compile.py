@@ -362,6 +362,25 @@ def test_a_changed_kernel_is_compiled_again(
     assert second["norm"] != first["norm"]
 
 
+def test_a_changed_sglang_kernel_is_compiled_again(
+    layout: Layout, pins: pins_module.Pins, cuda: Toolkit, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """sglang's kernels are keyed by sglang's vendor inputs too: its loader's source is in
+    the patched sglang, not in FlashInfer's tree."""
+    request = KernelRequest(SGLANG, ARCHS)
+    first = shared_objects(compile_part(layout, pins, request, cuda, "t", WHOLE).wheel)
+    committed(
+        layout.vendor / "sglang",
+        {"sglang/jit_kernel/utils.py": SGLANG_UTILS.replace("*x = 1", "*x = 2")},
+        inputs_of(layout.root, "f"),
+    )
+    capsys.readouterr()
+    second = shared_objects(compile_part(layout, pins, request, cuda, "t", WHOLE).wheel)
+    assert "compiling 1 module(s)" in capsys.readouterr().err
+    name = "sgl_kernel_jit_probe_2048"
+    assert second[name] != first[name]
+
+
 def test_shards_give_the_whole_build_s_bytes(
     tmp_path: Path, layout: Layout, pins: pins_module.Pins, cuda: Toolkit
 ) -> None:

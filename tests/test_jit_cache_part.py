@@ -93,9 +93,12 @@ def keys_of(layout: Layout, pins: pins_module.Pins) -> KeysOf:
         shard: ShardSpec = HALF,
         costs: Costs = NO_COSTS,
         build_pins: pins_module.Pins = pins,
+        sglang_inputs: str = "",
     ) -> PartKeys:
         jit_version = version(layout, build_pins, request, cuda)
-        return part_keys(layout, build_pins, request, cuda, source, shard, costs, jit_version)
+        return part_keys(
+            layout, build_pins, request, cuda, source, shard, costs, jit_version, sglang_inputs
+        )
 
     return keys
 
@@ -154,6 +157,9 @@ def test_what_shapes_only_the_part_changes_its_build_and_entry_keys(
     assert changed(before, keys_of(shard=ShardSpec(1, 3))) == part_only
     assert changed(before, keys_of(costs=Costs({"norm": 10.0}, {}))) == part_only
     assert changed(before, keys_of(costs=Costs({}, {"norm": 1.5}))) == part_only
+    # The patched sglang's inputs, where its kernels are asked for: its own modules are keyed
+    # by them one by one, FlashInfer's are not.
+    assert changed(before, keys_of(sglang_inputs="c" * 64)) == part_only
     reordered = dataclasses.replace(REQUEST, recipes=dict(reversed(REQUEST.recipes.items())))
     assert keys_of(request=reordered) == before
     fewer = dataclasses.replace(REQUEST, recipes={"norm": "gen_norm_module()"})

@@ -135,8 +135,12 @@ def part_keys(
     shard: ShardSpec,
     costs: shards.Costs,
     jit_version: str,
+    sglang_inputs: str,
 ) -> PartKeys:
-    """`jit_version`: version() of the same request, which the caller has made already."""
+    """`jit_version`: version() of the same request, which the caller has made already;
+    `sglang_inputs`: the patched sglang's vendor inputs where sglang's kernels are asked
+    for, else "". They key the part, not every module: FlashInfer's modules do not change
+    with sglang (sglang's own are keyed by them in compile_part)."""
     inputs = digest(
         "jit-cache",
         jit_version,
@@ -167,6 +171,7 @@ def part_keys(
         ),
         json.dumps(request.recipes, sort_keys=True),
         files_digest([_HERE / name for name in _PART_CODE]),
+        sglang_inputs,
         shard.count,
         costs.modules,
         costs.per_unit,
@@ -225,7 +230,14 @@ def compile_part(
     archs = sorted(set(request.archs))
     jit_version = version(layout, pins, request, cuda)
     costs = shards.load_costs(layout.costs_file) if shard.count > 1 else shards.Costs({}, {})
-    keys = part_keys(layout, pins, request, cuda, toolkit_source, shard, costs, jit_version)
+    # sglang's own kernels are rendered from the patched sglang, exported to a fixed path of
+    # its own: a change to sglang's patches moves neither FlashInfer's path nor its modules.
+    sglang_tree = layout.vendor / "sglang"
+    wants_sglang = any(is_sglang_call(call) for call in request.recipes.values())
+    sglang_inputs = vendor.current_inputs(sglang_tree) if wants_sglang else ""
+    keys = part_keys(
+        layout, pins, request, cuda, toolkit_source, shard, costs, jit_version, sglang_inputs
+    )
     entry = layout.cache / "artifacts" / "jit-cache" / keys.entry
     detail(f"jit-cache build key {keys.build}, entry {entry.name}; shared inputs {keys.inputs}")
     what = f"flashinfer-jit-cache {jit_version}" + (
@@ -235,11 +247,6 @@ def compile_part(
     if wheel is not None:
         say(f"{what}: reusing the cached build")
         return Part(wheel, json.loads((entry / "record.json").read_text()))
-    # sglang's own kernels are rendered from the patched sglang, exported to a fixed path of
-    # its own: a change to sglang's patches moves neither FlashInfer's path nor its modules.
-    sglang_tree = layout.vendor / "sglang"
-    wants_sglang = any(is_sglang_call(call) for call in request.recipes.values())
-    sglang_inputs = vendor.current_inputs(sglang_tree) if wants_sglang else ""
     # Made (once) before the shared source path is taken: it takes minutes.
     sglang_python = _sglang_python(layout, pins) if wants_sglang else None
     with scratch_directory(layout.cache, "kernel-build") as scratch:
