@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -325,6 +326,13 @@ def test_a_part_is_compiled_recorded_cached_and_reused(
     assert reused in capsys.readouterr().err
     assert again.wheel.read_bytes() == part.wheel.read_bytes()
     assert again.record == record
+    # The seconds each module took, for `nox -s bench`, kept beside the part.
+    (seconds,) = (layout.cache / "artifacts" / "jit-cache").glob("*/compile_seconds.json")
+    assert sorted(json.loads(seconds.read_text())) == sorted(built)
+    # The shards' cost table splits a sharded build only: one machine's is the same part.
+    layout.costs_file.write_text(json.dumps({"modules": {"norm": 99.0}, "per_unit": {}}))
+    compile_part(layout, pins, request, cuda, "test toolkit", WHOLE)
+    assert reused in capsys.readouterr().err
 
     # Fewer recipes key another part, whose modules come from the module cache: nothing
     # compiles, and they are the same bytes.
