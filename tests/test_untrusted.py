@@ -133,7 +133,7 @@ def test_a_shard_wheel_changed_after_build_shard_is_not_merged(tmp_path: Path) -
     recorded = sha256_of(wheel)
     tampered = {**files, MODULE: b"\x7fELF norm" + b"\x90" * 16}
     zip_wheel(written / wheel.name, tampered)
-    assert refusal(lambda: read_shards(shards)) == (
+    assert refusal(read_shards, shards) == (
         f"shard 1-of-1: {wheel.name} is not the wheel its build recorded ({wheel.name}, "
         f"sha256 {recorded}; it has {sha256_of(written / wheel.name)}). It changed after "
         "`build_shard`: build that shard again, or fetch it again from its build."

@@ -91,6 +91,12 @@ class KernelRequest:
     platform: str = hosts.DEFAULT  # the nodes' host CPU (hosts.HOSTS): what the modules run on
 
     @property
+    def wants_sglang(self) -> bool:
+        """Whether sglang's own kernels are among the modules (rendered from the patched
+        sglang)."""
+        return any(is_sglang_call(call) for call in self.recipes.values())
+
+    @property
     def cross(self) -> hosts.CrossCompilers | None:
         """The cross compilers of another host than this machine's, None for its own."""
         return hosts.compilers(hosts.parse(self.platform))
@@ -231,10 +237,10 @@ def compile_part(
     jit_version = version(layout, pins, request, cuda)
     costs = shards.load_costs(layout.costs_file) if shard.count > 1 else shards.Costs({}, {})
     # sglang's own kernels are rendered from the patched sglang, exported to a fixed path of
-    # its own: a change to sglang's patches moves neither FlashInfer's path nor its modules.
+    # its own: a change to sglang's patches moves neither FlashInfer's path nor its modules,
+    # but it is another part (part_keys) with other sglang modules.
     sglang_tree = layout.vendor / "sglang"
-    wants_sglang = any(is_sglang_call(call) for call in request.recipes.values())
-    sglang_inputs = vendor.current_inputs(sglang_tree) if wants_sglang else ""
+    sglang_inputs = vendor.current_inputs(sglang_tree) if request.wants_sglang else ""
     keys = part_keys(
         layout, pins, request, cuda, toolkit_source, shard, costs, jit_version, sglang_inputs
     )
@@ -248,7 +254,7 @@ def compile_part(
         say(f"{what}: reusing the cached build")
         return Part(wheel, json.loads((entry / "record.json").read_text()))
     # Made (once) before the shared source path is taken: it takes minutes.
-    sglang_python = _sglang_python(layout, pins) if wants_sglang else None
+    sglang_python = _sglang_python(layout, pins) if request.wants_sglang else None
     with scratch_directory(layout.cache, "kernel-build") as scratch:
         (scratch / "out").mkdir()
         (scratch / "whole").mkdir()
@@ -258,7 +264,7 @@ def compile_part(
         with (
             sources.at_fixed_path(tree, source_key) as exported,
             sources.at_fixed_path(sglang_tree, digest(jit_version, sglang_inputs))
-            if wants_sglang
+            if request.wants_sglang
             else nullcontext(None) as sglang_exported,
         ):
             modules = render.render_modules(
@@ -390,13 +396,12 @@ def plan(
     costs = shards.load_costs(layout.costs_file)
     source_key = digest("plan", version(layout, pins, request, cuda), vendor.current_inputs(tree))
     sglang_tree = layout.vendor / "sglang"
-    wants_sglang = any(is_sglang_call(call) for call in request.recipes.values())
-    sglang_key = digest("plan", vendor.current_inputs(sglang_tree)) if wants_sglang else ""
-    sglang_python = _sglang_python(layout, pins) if wants_sglang else None
+    sglang_key = digest("plan", vendor.current_inputs(sglang_tree)) if request.wants_sglang else ""
+    sglang_python = _sglang_python(layout, pins) if request.wants_sglang else None
     with (
         sources.at_fixed_path(tree, source_key) as exported,
         sources.at_fixed_path(sglang_tree, sglang_key)
-        if wants_sglang
+        if request.wants_sglang
         else nullcontext(None) as sglang_exported,
     ):
         modules = render.render_modules(
